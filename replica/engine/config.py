@@ -1,0 +1,49 @@
+"""Configuration of the model (what the weights say) and of the engine (how we serve them)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """A Llama-family decoder, as read from GGUF metadata or a Hugging Face config.json."""
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    max_position_embeddings: int
+    tie_word_embeddings: bool = True
+    rope_scaling: dict[str, Any] | None = None  # HF-style: {"rope_type": "llama3"|"linear", ...}
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = ()
+
+    @property
+    def num_params(self) -> int:
+        h, i, v = self.hidden_size, self.intermediate_size, self.vocab_size
+        q = self.num_heads * self.head_dim
+        kv = self.num_kv_heads * self.head_dim
+        per_layer = h * q + 2 * h * kv + q * h + 3 * h * i + 2 * h
+        embed = v * h * (1 if self.tie_word_embeddings else 2)
+        return self.num_layers * per_layer + embed + h
+
+
+@dataclass
+class EngineConfig:
+    model_path: str  # a GGUF file or a Hugging Face model directory
+    dtype: str = "bfloat16"  # or "float32"
+    device: str = "cpu"
+    block_size: int = 16
+    kv_cache_bytes: int = 256 * 1024 * 1024
+    max_num_seqs: int = 128
+    max_num_batched_tokens: int = 512
+    max_model_len: int | None = None  # default: the model's context length
+    enable_prefix_caching: bool = True
+    num_threads: int | None = None  # torch intra-op threads; None = torch's default
+    extra: dict[str, Any] = field(default_factory=dict)
