@@ -108,7 +108,9 @@ class Scheduler:
                 i += 1
 
         self.waiting.sort(key=self._waiting_key)
-        while self.waiting and budget > 0:
+        # after a preemption the pool is under pressure: admit nothing new this step
+        under_pressure = bool(preempted)
+        while self.waiting and budget > 0 and not under_pressure:
             request = self.waiting[0]
             if len(self.running) >= self.max_num_seqs:
                 if not self._make_room_for(request, scheduled, preempted):
