@@ -46,9 +46,21 @@ def _f16(x: np.ndarray) -> np.ndarray:
 
 
 def _low_high_nibbles(qs: np.ndarray) -> np.ndarray:
-    """[n, k] packed bytes -> [n, 2k]: all low nibbles first, then all high nibbles."""
+    """[n, k] packed bytes -> [n, 2k] uint8: all low nibbles first, then all high nibbles."""
     n, k = qs.shape
     return ((qs[:, None, :] >> _NIBBLE_SHIFTS[None, :, None]) & np.uint8(0x0F)).reshape(n, 2 * k)
+
+
+def _nibbles_f32(qs: np.ndarray, offset: int = 0) -> np.ndarray:
+    """As `_low_high_nibbles`, minus `offset`, straight into one float32 array (the only large
+    allocation of a kernel: fresh memory costs page faults, which dominate load time)."""
+    n, k = qs.shape
+    out = np.empty((n, 2 * k), dtype=np.float32)
+    out[:, :k] = qs & np.uint8(0x0F)
+    out[:, k:] = qs >> np.uint8(4)
+    if offset:
+        out -= np.float32(offset)  # small integers: exact, same as offsetting before converting
+    return out
 
 
 def _bits(packed: np.ndarray, num_bits: int) -> np.ndarray:
@@ -76,19 +88,24 @@ def _dequantize_f64(raw: np.ndarray) -> np.ndarray:
 
 def _dequantize_q8_0(raw: np.ndarray) -> np.ndarray:
     b = _records(raw, [("d", "<f2"), ("qs", "i1", (32,))])
-    return (_f16(b["d"]) * b["qs"].astype(np.float32)).reshape(-1)
+    q = b["qs"].astype(np.float32)
+    q *= _f16(b["d"])
+    return q.reshape(-1)
 
 
 def _dequantize_q4_0(raw: np.ndarray) -> np.ndarray:
     b = _records(raw, [("d", "<f2"), ("qs", "u1", (16,))])
-    q = _low_high_nibbles(b["qs"]).astype(np.int8) - np.int8(8)
-    return (_f16(b["d"]) * q.astype(np.float32)).reshape(-1)
+    q = _nibbles_f32(b["qs"], offset=8)
+    q *= _f16(b["d"])
+    return q.reshape(-1)
 
 
 def _dequantize_q4_1(raw: np.ndarray) -> np.ndarray:
     b = _records(raw, [("d", "<f2"), ("m", "<f2"), ("qs", "u1", (16,))])
-    q = _low_high_nibbles(b["qs"]).astype(np.float32)
-    return (_f16(b["d"]) * q + _f16(b["m"])).reshape(-1)
+    q = _nibbles_f32(b["qs"])
+    q *= _f16(b["d"])
+    q += _f16(b["m"])
+    return q.reshape(-1)
 
 
 def _five_bit(qh: np.ndarray, qs: np.ndarray) -> np.ndarray:
@@ -100,14 +117,18 @@ def _five_bit(qh: np.ndarray, qs: np.ndarray) -> np.ndarray:
 
 def _dequantize_q5_0(raw: np.ndarray) -> np.ndarray:
     b = _records(raw, [("d", "<f2"), ("qh", "<u4"), ("qs", "u1", (16,))])
-    q = _five_bit(b["qh"].copy(), b["qs"]).astype(np.int8) - np.int8(16)
-    return (_f16(b["d"]) * q.astype(np.float32)).reshape(-1)
+    q = _five_bit(b["qh"].copy(), b["qs"]).astype(np.float32)
+    q -= np.float32(16)
+    q *= _f16(b["d"])
+    return q.reshape(-1)
 
 
 def _dequantize_q5_1(raw: np.ndarray) -> np.ndarray:
     b = _records(raw, [("d", "<f2"), ("m", "<f2"), ("qh", "<u4"), ("qs", "u1", (16,))])
     q = _five_bit(b["qh"].copy(), b["qs"]).astype(np.float32)
-    return (_f16(b["d"]) * q + _f16(b["m"])).reshape(-1)
+    q *= _f16(b["d"])
+    q += _f16(b["m"])
+    return q.reshape(-1)
 
 
 def _k4_scales_mins(packed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -129,8 +150,10 @@ def _dequantize_q4_k(raw: np.ndarray) -> np.ndarray:
     d = (_f16(b["d"]) * sc.astype(np.float32))[:, :, None]  # [n, 8, 1]
     dm = (_f16(b["dmin"]) * mn.astype(np.float32))[:, :, None]
     # four groups of 32 bytes; each gives 32 low nibbles (sub-block 2j) then 32 high (2j+1)
-    q = _low_high_nibbles(b["qs"].reshape(n * 4, 32)).reshape(n, 8, 32).astype(np.float32)
-    return (d * q - dm).reshape(-1)
+    q = _nibbles_f32(b["qs"].reshape(n * 4, 32)).reshape(n, 8, 32)
+    q *= d
+    q -= dm
+    return q.reshape(-1)
 
 
 def _dequantize_q5_k(raw: np.ndarray) -> np.ndarray:
@@ -143,7 +166,9 @@ def _dequantize_q5_k(raw: np.ndarray) -> np.ndarray:
     low = _low_high_nibbles(b["qs"].reshape(n * 4, 32)).reshape(n, 8, 32)
     high = _bits(b["qh"], 8)  # [n, 8, 32]: bit s of qh[l] is bit 4 of value l of sub-block s
     q = (low | (high << np.uint8(4))).astype(np.float32)
-    return (d * q - dm).reshape(-1)
+    q *= d
+    q -= dm
+    return q.reshape(-1)
 
 
 def _dequantize_q6_k(raw: np.ndarray) -> np.ndarray:
@@ -156,8 +181,10 @@ def _dequantize_q6_k(raw: np.ndarray) -> np.ndarray:
     low = (ql[:, :, None, :, :] >> _NIBBLE_SHIFTS[None, None, :, None, None]) & np.uint8(0x0F)
     low = low.reshape(n, 2, 4, 32)
     qh = b["qh"].reshape(n, 2, 1, 32) >> np.array([0, 2, 4, 6], dtype=np.uint8)[None, None, :, None]
-    q = (low | ((qh & np.uint8(0x03)) << np.uint8(4))).astype(np.int8) - np.int8(32)
-    return (d * q.reshape(n, 16, 16).astype(np.float32)).reshape(-1)
+    q = (low | ((qh & np.uint8(0x03)) << np.uint8(4))).reshape(n, 16, 16).astype(np.float32)
+    q -= np.float32(32)
+    q *= d
+    return q.reshape(-1)
 
 
 GGML_TYPES: dict[int, GGMLType] = {t.type_id: t for t in [

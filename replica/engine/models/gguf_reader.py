@@ -75,6 +75,21 @@ class _Cursor:
         self.pos += n
         return s
 
+    def _strings(self, count: int) -> list[str]:
+        # the hot loop of the header (a vocabulary is ~100k strings): locals only, no calls
+        buf, pos, end, unpack_from = self.buf, self.pos, len(self.buf), struct.unpack_from
+        out = []
+        for _ in range(count):
+            if pos + 8 > end:
+                raise ValueError(f"{self.path}: truncated GGUF file (string runs past the end)")
+            (n,) = unpack_from("<Q", buf, pos)
+            pos += 8 + n
+            if pos > end:
+                raise ValueError(f"{self.path}: truncated GGUF file (string runs past the end)")
+            out.append(str(buf[pos - n:pos], "utf-8", "replace"))
+        self.pos = pos
+        return out
+
     def value(self, type_id: int) -> Any:
         if type_id == _FLOAT32:
             # the shortest decimal that rounds to this float32: 1e-05, not 9.999999747378752e-06
@@ -93,6 +108,8 @@ class _Cursor:
                 items = np.frombuffer(self.buf, dtype=dtype, count=count, offset=self.pos).tolist()
                 self.pos = end
                 return items
+            if item_type == _STRING:
+                return self._strings(count)
             return [self.value(item_type) for _ in range(count)]
         raise ValueError(f"{self.path}: unknown GGUF metadata value type {type_id}")
 
