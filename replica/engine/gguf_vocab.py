@@ -60,7 +60,11 @@ def backend_from_gguf_metadata(metadata: dict[str, Any]) -> BackendTokenizer:
     vocab = {}
     for token_id, token in enumerate(tokens):
         vocab.setdefault(token, token_id)  # a duplicated spelling keeps its first id, like llama.cpp
-    backend = BackendTokenizer(models.BPE(vocab=vocab, merges=merges, ignore_merges=ignore_merges))
+    try:
+        bpe = models.BPE(vocab=vocab, merges=merges, ignore_merges=ignore_merges)
+    except Exception as e:  # the Rust side raises a bare Exception, e.g. a merge of unknown tokens
+        raise ValueError(f"GGUF vocabulary is inconsistent: {e}") from e
+    backend = BackendTokenizer(bpe)
     backend.pre_tokenizer = pre_tokenizers.Sequence(
         [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in splits]
         + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
