@@ -8,6 +8,7 @@ causal mask offset by the tokens already in its context.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -27,7 +28,9 @@ class AttentionMetadata:
     decode_token_idx: torch.Tensor | None  # [B] long: flat index of each decode token
     decode_block_tables: torch.Tensor | None  # [B, max_blocks] long, padded with block 0
     decode_mask: torch.Tensor | None  # [B, 1, 1, max_blocks * block_size] bool: True = attend
+    decode_context_lens: torch.Tensor | None  # [B] long
     prefills: list[PrefillSeq]
+    native: Any = None  # a native.NativeAttention for float32 on the CPU, else None
 
 
 def write_kv(k_pool: torch.Tensor, v_pool: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor) -> None:
@@ -51,7 +54,11 @@ def paged_attention(
     scale: float,
 ) -> torch.Tensor:  # [T, nh, hd]
     out = torch.empty_like(q)
-    if meta.decode_token_idx is not None:
+    if meta.decode_token_idx is not None and meta.native is not None:
+        od = meta.native.decode(q[meta.decode_token_idx], k_pool, v_pool, meta.decode_block_tables,
+                                meta.decode_context_lens, scale)  # [B, nh, hd]
+        out[meta.decode_token_idx] = od
+    elif meta.decode_token_idx is not None:
         qd = q[meta.decode_token_idx].unsqueeze(2)  # [B, nh, 1, hd]
         kd = _gather(k_pool, meta.decode_block_tables)  # [B, kvh, L, hd]
         vd = _gather(v_pool, meta.decode_block_tables)
