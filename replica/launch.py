@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     except (LaunchError, ValueError, FileNotFoundError) as exc:
         print(f"replica launch failed: {exc}", file=sys.stderr, flush=True)
         if replica.pid is not None:
-            replica.stop(grace_s=0.0, kill_timeout_s=5.0)
+            replica.stop(grace_s=0.0, unload_timeout_s=5.0)
         return 2
     print(
         f"replica ready: model={args.model} grpc={args.grpc_port} http={args.http_port} "
@@ -81,12 +81,15 @@ def main(argv: list[str] | None = None) -> int:
         if replica.poll() is not None:
             print(f"replica failed: tritonserver exited with code {replica.poll()}\n{replica.log_tail()}",
                   file=sys.stderr, flush=True)
-            replica.stop(grace_s=0.0, kill_timeout_s=5.0)
+            replica.stop(grace_s=0.0, unload_timeout_s=5.0)
             return 1
     print(f"replica draining: grace {args.drain_grace_s:.1f}s", flush=True)
     code = replica.stop()
-    print(f"replica stopped: tritonserver exit code {code}", flush=True)
-    return 0 if code == 0 else 1
+    if replica.killed:
+        print("replica: tritonserver did not finish unloading the model after the drain; killed it",
+              file=sys.stderr, flush=True)
+    print(f"replica stopped: drained={replica.drained} tritonserver exit code {code}", flush=True)
+    return 0 if replica.drained else 1
 
 
 if __name__ == "__main__":

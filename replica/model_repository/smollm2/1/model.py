@@ -52,7 +52,10 @@ class TritonPythonModel:
         self._drain_watcher = None
         if parameters.drain_file:
             self._drain_watcher = DrainWatcher(
-                parameters.drain_file, self._loop.drain, default_grace_s=parameters.drain_grace_s
+                parameters.drain_file,
+                self._loop.drain,
+                self._loop.wait_drained,
+                default_grace_s=parameters.drain_grace_s,
             )
             self._drain_watcher.start()
         _log.info("ready: max_model_len=%d", self._engine.max_model_len)
@@ -72,10 +75,12 @@ class TritonPythonModel:
         return None
 
     def finalize(self) -> None:
+        _log.info("finalize: stopping the engine loop")
         if self._drain_watcher is not None:
             self._drain_watcher.stop()
         self._loop.stop()
         self._metrics.close()  # metrics before their families, before the stub tears down
+        _log.info("finalize: done; engine loop: %s", self._loop.timing.summary())
 
     def _submit(self, request, sender) -> None:
         inputs = {}
