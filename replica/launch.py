@@ -24,6 +24,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--model", required=True, help="model name in Triton (one model version)")
     parser.add_argument("--weights", default="", help="GGUF file or Hugging Face directory (default: bundled SmolLM2)")
     parser.add_argument("--dtype", choices=("bfloat16", "float32"), default=defaults.dtype)
+    parser.add_argument("--device", choices=("cpu", "cuda"), default=defaults.device)
     parser.add_argument("--kv-cache-bytes", type=int, default=defaults.kv_cache_bytes)
     parser.add_argument("--max-num-seqs", type=int, default=defaults.max_num_seqs)
     parser.add_argument("--max-num-batched-tokens", type=int, default=defaults.max_num_batched_tokens)
@@ -46,6 +47,7 @@ def spec_from_args(args: argparse.Namespace) -> ReplicaSpec:
         parameters=ModelParameters(
             weights=args.weights,
             dtype=args.dtype,
+            device=args.device,
             kv_cache_bytes=args.kv_cache_bytes,
             max_num_seqs=args.max_num_seqs,
             max_num_batched_tokens=args.max_num_batched_tokens,
