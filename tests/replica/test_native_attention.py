@@ -28,8 +28,8 @@ def test_native_decode_equals_torch(kernel, nh, kvh):
     mask = (torch.arange(max_blocks * bs)[None] < lens[:, None]).view(len(lens), 1, 1, -1)
     common = dict(slot_mapping=torch.zeros(0, dtype=torch.long), decode_token_idx=torch.arange(len(lens)),
                   decode_block_tables=tables, decode_mask=mask, decode_context_lens=lens, prefills=[])
-    ours = paged_attention(q, k_pool, v_pool, AttentionMetadata(**common, native=kernel), 0.2)
-    ref = paged_attention(q, k_pool, v_pool, AttentionMetadata(**common, native=None), 0.2)
+    ours = paged_attention(q, None, None, k_pool, v_pool, AttentionMetadata(**common, native=kernel), 0.2)
+    ref = paged_attention(q, None, None, k_pool, v_pool, AttentionMetadata(**common, native=None), 0.2)
     torch.testing.assert_close(ours, ref, atol=1e-5, rtol=1e-4)
 
 
