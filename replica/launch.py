@@ -23,7 +23,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m replica.launch", description=__doc__.splitlines()[0])
     parser.add_argument("--model", required=True, help="model name in Triton (one model version)")
     parser.add_argument("--weights", default="", help="GGUF file or Hugging Face directory (default: bundled SmolLM2)")
-    parser.add_argument("--dtype", choices=("bfloat16", "float32"), default=defaults.dtype)
+    parser.add_argument("--dtype", choices=("auto", "bfloat16", "float32"), default=defaults.dtype,
+                        help="auto: bfloat16 on CUDA; on a CPU the faster of bfloat16 and float32 (measured at load)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default=defaults.device)
     parser.add_argument("--kv-cache-bytes", type=int, default=defaults.kv_cache_bytes)
     parser.add_argument("--max-num-seqs", type=int, default=defaults.max_num_seqs)
