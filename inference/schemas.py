@@ -157,7 +157,7 @@ def _first_error(errors, path: str = "") -> tuple[str, str]:
     """(param, message) of the first DRF error, with a dotted path like `messages.0.role`."""
     if isinstance(errors, dict):
         key, value = next(iter(errors.items()))
-        sub = key if key != "non_field_errors" else ""
+        sub = "" if key == "non_field_errors" else str(key)
         return _first_error(value, f"{path}.{sub}".strip(".") if sub else path)
     if isinstance(errors, list) and errors:
         first = errors[0]
