@@ -4,11 +4,11 @@ from models_registry.services import ensure_model_version
 
 
 class Command(BaseCommand):
-    help = "Create or update a model version: registermodel NAME --version N --weights URI"
+    help = "Create or update a model version: registermodel NAME --model-version N --weights URI"
 
     def add_arguments(self, parser):
         parser.add_argument("name")
-        parser.add_argument("--version", type=int, default=1)
+        parser.add_argument("--model-version", dest="version", type=int, default=1)
         parser.add_argument("--weights", required=True,
                             help="a path, or package:<package>/<file> for packaged weights")
         parser.add_argument("--tokenizer", default="weights", choices=["weights", "bytes"])

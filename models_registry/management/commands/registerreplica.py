@@ -6,13 +6,14 @@ from models_registry.services import register_replica
 
 class Command(BaseCommand):
     help = (
-        "Register a Triton replica: registerreplica MODEL --version N --grpc HOST:PORT "
+        "Register a Triton replica: registerreplica MODEL [--model-version N] --grpc HOST:PORT "
         "[--metrics HOST:PORT] [--node NAME] [--zone Z] [--state ready]"
     )
 
     def add_arguments(self, parser):
         parser.add_argument("model")
-        parser.add_argument("--version", type=int, default=None, help="default: newest active")
+        parser.add_argument("--model-version", dest="version", type=int, default=None,
+                            help="default: the newest active version")
         parser.add_argument("--grpc", required=True, help="the replica's gRPC host:port")
         parser.add_argument("--metrics", default="", help="the replica's metrics host:port")
         parser.add_argument("--node", default="")
