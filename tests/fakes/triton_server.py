@@ -150,7 +150,11 @@ class FakeTriton(service_pb2_grpc.GRPCInferenceServiceServicer):
 
 
 async def _serve_metrics(state: FakeState, reader, writer) -> None:
-    await reader.readuntil(b"\r\n\r\n")
+    try:
+        await reader.readuntil(b"\r\n\r\n")
+    except (asyncio.IncompleteReadError, ConnectionError):  # a port probe, not a request
+        writer.close()
+        return
     body = (f"# TYPE engine_num_running_seqs gauge\n"
             f"engine_num_running_seqs{{model=\"chat-small\"}} {state.num_running}\n"
             f"engine_num_requests_total {state.num_requests}\n").encode()
