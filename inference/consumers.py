@@ -30,15 +30,21 @@ def _header(scope, name: bytes) -> str | None:
 
 class StreamConsumer(AsyncWebsocketConsumer):
     task: asyncio.Task | None = None
+    # True from a request's arrival until its last event is sent; its task may run on a
+    # moment longer (usage, idempotency bookkeeping), which the next request waits out.
+    streaming: bool = False
 
     async def connect(self):
         await self.accept()
 
     async def receive(self, text_data=None, bytes_data=None):
-        if self.task is not None and not self.task.done():
+        if self.streaming:
             await self._send_error(Conflict("A request is already running on this socket.",
                                             code="request_in_progress"))
             return
+        if self.task is not None:
+            await asyncio.wait([self.task])
+        self.streaming = True
         raw = text_data.encode("utf-8") if text_data is not None else (bytes_data or b"")
         self.task = asyncio.create_task(self._run(raw))
 
@@ -70,6 +76,11 @@ class StreamConsumer(AsyncWebsocketConsumer):
                     payload = {"type": event.name, **event.data}
                     if event.name == "error":
                         payload["status"] = 503
+                    if event.name in {"done", "error"}:
+                        self.streaming = False
                     await self.send(json.dumps(payload, ensure_ascii=False))
         except ApiError as exc:
+            self.streaming = False
             await self._send_error(exc)
+        finally:
+            self.streaming = False
