@@ -1,0 +1,55 @@
+"""DrainWatcher: turns the launcher's drain file into a call on the model (`EngineLoop.drain`).
+
+The launcher writes the file (optionally holding the grace period in seconds) before it sends
+SIGTERM to tritonserver; the model then refuses new work and ends in-flight streams within the
+grace period, so the server's own shutdown never waits on a stream that does not end.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from typing import Callable
+
+
+class DrainWatcher:
+    def __init__(
+        self,
+        path: str,
+        on_drain: Callable[[float], None],
+        *,
+        default_grace_s: float,
+        poll_interval_s: float = 0.1,
+        logger: logging.Logger | None = None,
+    ) -> None:
+        self._path = path
+        self._on_drain = on_drain
+        self._default_grace_s = default_grace_s
+        self._poll_interval_s = poll_interval_s
+        self._log = logger or logging.getLogger(__name__)
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="drain-watcher", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopped.set()
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._thread.join(1.0)
+
+    def _run(self) -> None:
+        while not self._stopped.wait(self._poll_interval_s):
+            if os.path.exists(self._path):
+                grace_s = self._read_grace_s()
+                self._log.info("drain requested via %s: grace %.1f s", self._path, grace_s)
+                self._on_drain(grace_s)
+                return
+
+    def _read_grace_s(self) -> float:
+        try:
+            with open(self._path, encoding="utf-8") as f:
+                text = f.read().strip()
+            return float(text) if text else self._default_grace_s
+        except (OSError, ValueError):
+            return self._default_grace_s

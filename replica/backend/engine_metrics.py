@@ -1,0 +1,63 @@
+"""EngineMetrics: the engine's gauges and counters on Triton's metrics port.
+
+Triton's own `nv_inference_*` metrics do not see streaming work, so the router and autoscaler read
+these instead. Names (labels: model, version):
+
+  replica_running_seqs, replica_waiting_seqs            gauges
+  replica_kv_free_blocks, replica_kv_total_blocks       gauges
+  replica_prefix_cache_hit_tokens_total                 counter
+  replica_prompt_tokens_total                           counter
+  replica_generated_tokens_total                        counter
+  replica_preemptions_total                             counter
+
+Invariants: every MetricFamily stays referenced for the model's lifetime (a collected family breaks
+its metrics); `close()` deletes the metrics before their families (else the stub may crash on exit).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+# metric name -> (EngineStats attribute, kind, help)
+GAUGES = {
+    "replica_running_seqs": ("num_running", "Sequences in the running batch"),
+    "replica_waiting_seqs": ("num_waiting", "Sequences waiting to be scheduled"),
+    "replica_kv_free_blocks": ("num_free_blocks", "Free KV cache blocks"),
+    "replica_kv_total_blocks": ("num_total_blocks", "Total KV cache blocks"),
+}
+COUNTERS = {
+    "replica_prefix_cache_hit_tokens_total": ("prefix_hit_tokens", "Prompt tokens served from the prefix cache"),
+    "replica_prompt_tokens_total": ("prompt_tokens", "Prompt tokens processed"),
+    "replica_generated_tokens_total": ("generated_tokens", "Tokens generated"),
+    "replica_preemptions_total": ("num_preemptions", "Sequences preempted (recompute)"),
+}
+
+
+class EngineMetrics:
+    def __init__(self, pb_utils: Any, labels: dict[str, str]) -> None:
+        family = pb_utils.MetricFamily
+        self._families: dict[str, Any] = {}
+        self._gauges: dict[str, Any] = {}  # stats attribute -> metric
+        self._counters: dict[str, Any] = {}
+        self._last_counts: dict[str, int] = {}
+        for name, (attr, help_text) in GAUGES.items():
+            self._families[name] = family(name=name, description=help_text, kind=family.GAUGE)
+            self._gauges[attr] = self._families[name].Metric(labels=labels)
+        for name, (attr, help_text) in COUNTERS.items():
+            self._families[name] = family(name=name, description=help_text, kind=family.COUNTER)
+            self._counters[attr] = self._families[name].Metric(labels=labels)
+            self._last_counts[attr] = 0
+
+    def update(self, stats: Any) -> None:
+        for attr, metric in self._gauges.items():
+            metric.set(float(getattr(stats, attr)))
+        for attr, metric in self._counters.items():
+            value = int(getattr(stats, attr))
+            delta = value - self._last_counts[attr]
+            if delta > 0:
+                metric.increment(float(delta))
+                self._last_counts[attr] = value
+
+    def close(self) -> None:
+        self._gauges.clear()
+        self._counters.clear()
+        self._families.clear()

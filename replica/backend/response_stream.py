@@ -1,0 +1,113 @@
+"""ResponseStream: turns one request's RequestOutput deltas into Triton responses.
+
+Outputs, mirroring Triton's vLLM backend plus our extras: `text_output` (the text delta),
+`finish_reason` ("" until the last response), `num_input_tokens`, `num_output_tokens`,
+`num_cached_tokens` and `final` (true on the last response; the aio gRPC client refuses
+`triton_` parameters, so the end of a stream is also an output). The last response also carries
+Triton's COMPLETE_FINAL flag.
+
+Invariants: exactly one response carries the final flag; with `stream=False` it is the only one.
+`on_output` runs on the engine loop thread; `is_cancelled()` costs ~60 us, so it is polled every
+`poll_every` outputs and, for requests that produce nothing (still waiting), by `poll_idle`.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+
+from replica.engine.request import RequestOutput
+
+
+class ResponseStream:
+    def __init__(
+        self,
+        pb_utils: Any,
+        sender: Any,
+        request_id: str,
+        *,
+        stream: bool,
+        prompt_prefix: str = "",
+        on_cancel: Callable[[str], None],
+        poll_every: int = 8,
+    ) -> None:
+        self._pb = pb_utils
+        self._sender = sender
+        self.request_id = request_id
+        self._stream = stream
+        self._pending_prefix = prompt_prefix  # sent ahead of the first text (vLLM's prepend)
+        self._on_cancel = on_cancel
+        self._poll_every = poll_every
+        self._text_parts: list[str] = []  # stream=False: the whole text so far
+        self._num_outputs = 0
+        self._num_outputs_at_last_idle_check = 0
+        self._cancel_requested = False
+        self.closed = False
+
+    def on_output(self, output: RequestOutput) -> None:
+        if self.closed:
+            return
+        self._num_outputs += 1
+        if output.error is not None:
+            invalid = output.error.startswith("invalid request")
+            self.fail(output.error, self._pb.TritonError.INVALID_ARG if invalid else None)
+            return
+        text = output.text_delta
+        if self._pending_prefix:
+            text, self._pending_prefix = self._pending_prefix + text, ""
+        if not self._stream:
+            self._text_parts.append(text)
+            if not output.finished:
+                self._maybe_poll()
+                return
+            text = "".join(self._text_parts)
+        self._send(self._response(text, output), final=output.finished)
+        if not output.finished:
+            self._maybe_poll()
+
+    def fail(self, message: str, code: Any = None) -> None:
+        """End the stream with an error response (the request only; the model keeps serving)."""
+        if self.closed:
+            return
+        error = self._pb.TritonError(message) if code is None else self._pb.TritonError(message, code)
+        self._send(self._pb.InferenceResponse(output_tensors=[], error=error), final=True)
+
+    def poll_idle(self) -> None:
+        """Called periodically: poll cancellation if nothing was produced since the last call."""
+        if self.closed:
+            return
+        if self._num_outputs == self._num_outputs_at_last_idle_check:
+            self._poll()
+        self._num_outputs_at_last_idle_check = self._num_outputs
+
+    def _maybe_poll(self) -> None:
+        if self._num_outputs % self._poll_every == 0:
+            self._poll()
+
+    def _poll(self) -> None:
+        if not self._cancel_requested and self._sender.is_cancelled():
+            self._cancel_requested = True
+            self._on_cancel(self.request_id)
+
+    def _send(self, response: Any, *, final: bool) -> None:
+        if final:
+            self.closed = True
+            self._sender.send(response, flags=self._pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        else:
+            self._sender.send(response)
+
+    def _response(self, text: str, output: RequestOutput) -> Any:
+        finish_reason = ""
+        if output.finished and output.finish_reason is not None:
+            finish_reason = getattr(output.finish_reason, "value", str(output.finish_reason))
+        tensor = self._pb.Tensor
+        return self._pb.InferenceResponse(
+            output_tensors=[
+                tensor("text_output", np.array([text.encode("utf-8")], dtype=np.object_)),
+                tensor("finish_reason", np.array([finish_reason.encode("utf-8")], dtype=np.object_)),
+                tensor("num_input_tokens", np.array([output.num_prompt_tokens], dtype=np.int32)),
+                tensor("num_output_tokens", np.array([output.num_output_tokens], dtype=np.int32)),
+                tensor("num_cached_tokens", np.array([output.num_cached_tokens], dtype=np.int32)),
+                tensor("final", np.array([output.finished], dtype=np.bool_)),
+            ]
+        )

@@ -1,0 +1,104 @@
+"""LLMEngine: builds the engine from an EngineConfig and is the one object callers drive.
+
+Not thread-safe: one thread owns it (the Triton model's engine loop, or a benchmark)."""
+from __future__ import annotations
+
+import random
+import time
+from typing import Callable
+
+import torch
+
+from replica.engine.config import EngineConfig, ModelConfig
+from replica.engine.engine_core import EngineCore, EngineStats
+from replica.engine.kv.manager import KVCacheManager
+from replica.engine.models.llama import LlamaForCausalLM, rope_inv_freq
+from replica.engine.request import RequestOutput
+from replica.engine.runner.model_runner import ModelRunner, kv_bytes_per_block
+from replica.engine.sampling_params import SamplingParams
+from replica.engine.scheduler import Scheduler
+
+_DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
+
+__all__ = ["LLMEngine", "EngineStats"]
+
+
+def resolve_dtype(name: str) -> torch.dtype:
+    try:
+        return _DTYPES[name]
+    except KeyError:
+        raise ValueError(f"unsupported dtype {name!r}; use one of {sorted(_DTYPES)}") from None
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig, model_config: ModelConfig, model: LlamaForCausalLM, tokenizer,
+                 clock: Callable[[], float] = time.monotonic, rng: random.Random | None = None) -> None:
+        self.config = config
+        self.model_config = model_config
+        self.tokenizer = tokenizer
+        dtype = resolve_dtype(config.dtype)
+        device = torch.device(config.device)
+        num_blocks = config.kv_cache_bytes // kv_bytes_per_block(model_config, config.block_size, dtype)
+        if num_blocks < 2:
+            raise ValueError(
+                f"--kv-cache-bytes {config.kv_cache_bytes} holds {num_blocks} blocks of {config.block_size} tokens; "
+                f"give at least {2 * kv_bytes_per_block(model_config, config.block_size, dtype)} bytes"
+            )
+        self.max_model_len = min(config.max_model_len or model_config.max_position_embeddings,
+                                 model_config.max_position_embeddings)
+        kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching)
+        scheduler = Scheduler(kv, config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len)
+        runner = ModelRunner(model, num_blocks, config.block_size, dtype, device)
+        eos = tuple(model_config.eos_token_ids) or tuple(tokenizer.eos_token_ids)
+        self.core = EngineCore(scheduler, runner, tokenizer, eos, clock=clock, rng=rng)
+
+    @classmethod
+    def from_config(cls, config: EngineConfig, **kwargs) -> "LLMEngine":
+        from replica.engine.models.loader import load_checkpoint
+
+        if config.num_threads:
+            torch.set_num_threads(config.num_threads)
+        checkpoint = load_checkpoint(config.model_path)
+        model = build_model(checkpoint.config, checkpoint.state_dict, config.dtype, config.device)
+        return cls(config, checkpoint.config, model, checkpoint.tokenizer, **kwargs)
+
+    # --- the request API -------------------------------------------------------------------
+
+    def add_request(self, request_id: str, prompt_token_ids: list[int], sampling_params: SamplingParams, *,
+                    priority: int = 0, tenant: str = "", cache_salt: str = "") -> None:
+        self.core.add_request(request_id, prompt_token_ids, sampling_params,
+                              priority=priority, tenant=tenant, cache_salt=cache_salt)
+
+    def abort_request(self, request_id: str) -> RequestOutput | None:
+        return self.core.abort_request(request_id)
+
+    def step(self) -> list[RequestOutput]:
+        return self.core.step()
+
+    def has_unfinished_requests(self) -> bool:
+        return self.core.has_unfinished_requests()
+
+    def stats(self) -> EngineStats:
+        return self.core.stats()
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams]) -> list[list[int]]:
+        """Run prompts (token ids) to completion; return output token ids in prompt order."""
+        params_list = params if isinstance(params, list) else [params] * len(prompts)
+        ids = [f"gen-{i}" for i in range(len(prompts))]
+        for rid, prompt, p in zip(ids, prompts, params_list):
+            self.add_request(rid, prompt, p)
+        outputs: dict[str, list[int]] = {rid: [] for rid in ids}
+        while self.has_unfinished_requests():
+            for out in self.step():
+                outputs[out.request_id].extend(out.new_token_ids)
+        return [outputs[rid] for rid in ids]
+
+
+def build_model(model_config: ModelConfig, state_dict: dict[str, torch.Tensor], dtype: str, device: str) -> LlamaForCausalLM:
+    with torch.device("meta"):
+        model = LlamaForCausalLM(model_config)
+    model = model.to_empty(device=device)
+    model.load_weights(state_dict)
+    model = model.to(resolve_dtype(dtype)).eval().requires_grad_(False)
+    model.inv_freq = rope_inv_freq(model_config).to(device)  # RoPE frequencies stay float32
+    return model

@@ -1,0 +1,115 @@
+"""Turns a SchedulerOutput into model inputs, runs the model, samples.
+
+Owns the KV pool tensors: per layer one K and one V tensor of
+`[num_blocks, block_size, num_kv_heads, head_dim]`, allocated once from the memory budget.
+"""
+from __future__ import annotations
+
+import torch
+
+from replica.engine.config import ModelConfig
+from replica.engine.models.llama import LlamaForCausalLM
+from replica.engine.runner.attention import AttentionMetadata, PrefillSeq
+from replica.engine.runner.sampler import Sampler
+from replica.engine.scheduler import SchedulerOutput
+
+
+def kv_bytes_per_block(config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
+    element = torch.empty((), dtype=dtype).element_size()
+    return 2 * config.num_layers * block_size * config.num_kv_heads * config.head_dim * element
+
+
+class ModelRunner:
+    def __init__(
+        self,
+        model: LlamaForCausalLM,
+        num_blocks: int,
+        block_size: int,
+        dtype: torch.dtype,
+        device: torch.device,
+    ) -> None:
+        self.model = model
+        self.block_size = block_size
+        self.device = device
+        c = model.config
+        shape = (num_blocks, block_size, c.num_kv_heads, c.head_dim)
+        self.kv_pools = [
+            (torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
+            for _ in range(c.num_layers)
+        ]
+        self.sampler = Sampler()
+
+    def _prepare(self, out: SchedulerOutput):
+        bs = self.block_size
+        input_ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        logits_idx: list[int] = []
+        sampled_requests = []
+        decode_idx: list[int] = []
+        decode_tables: list[list[int]] = []
+        decode_lens: list[int] = []
+        prefills: list[PrefillSeq] = []
+        for request, num_new in out.scheduled:
+            start = request.num_computed_tokens
+            end = start + num_new
+            table = out.block_tables[request.request_id]
+            flat_start = len(input_ids)
+            input_ids.extend(request.token_slice(start, end))
+            positions.extend(range(start, end))
+            slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))
+            if num_new == 1 and start > 0:
+                decode_idx.append(flat_start)
+                decode_tables.append(table[: (end + bs - 1) // bs])
+                decode_lens.append(end)
+            else:
+                prefills.append(
+                    PrefillSeq(
+                        query_start=flat_start,
+                        query_len=num_new,
+                        context_len=end,
+                        block_ids=torch.tensor(table[: (end + bs - 1) // bs], dtype=torch.long, device=self.device),
+                    )
+                )
+            if end == request.num_tokens:  # reached the frontier: the next token is sampled
+                logits_idx.append(len(input_ids) - 1)
+                sampled_requests.append(request)
+        dev = self.device
+        meta = AttentionMetadata(
+            slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev),
+            decode_token_idx=None,
+            decode_block_tables=None,
+            decode_mask=None,
+            prefills=prefills,
+        )
+        if decode_idx:
+            max_blocks = max(len(t) for t in decode_tables)
+            padded = [t + [0] * (max_blocks - len(t)) for t in decode_tables]
+            meta.decode_token_idx = torch.tensor(decode_idx, dtype=torch.long, device=dev)
+            meta.decode_block_tables = torch.tensor(padded, dtype=torch.long, device=dev)
+            lens = torch.tensor(decode_lens, dtype=torch.long, device=dev)
+            cols = torch.arange(max_blocks * bs, device=dev)
+            meta.decode_mask = (cols.unsqueeze(0) < lens.unsqueeze(1)).view(len(decode_idx), 1, 1, -1)
+        return (
+            torch.tensor(input_ids, dtype=torch.long, device=dev),
+            torch.tensor(positions, dtype=torch.long, device=dev),
+            meta,
+            torch.tensor(logits_idx, dtype=torch.long, device=dev),
+            sampled_requests,
+        )
+
+    @torch.inference_mode()
+    def execute(self, out: SchedulerOutput, seeds: dict[str, int]) -> dict[str, int]:
+        """Run one step; return the sampled token per request that reached its frontier."""
+        input_ids, positions, meta, logits_idx, sampled_requests = self._prepare(out)
+        if not sampled_requests:
+            self.model(input_ids, positions, self.kv_pools, meta, logits_idx)
+            return {}
+        logits = self.model(input_ids, positions, self.kv_pools, meta, logits_idx).cpu()
+        tokens = self.sampler.sample(
+            logits,
+            [r.sampling_params for r in sampled_requests],
+            [seeds[r.request_id] for r in sampled_requests],
+            [r.num_output_tokens for r in sampled_requests],
+        )
+        return {r.request_id: t for r, t in zip(sampled_requests, tokens)}

@@ -1,0 +1,93 @@
+"""python -m replica.launch: run one tritonserver replica for one model version until SIGTERM.
+
+Prints one `replica ready: ...` line once the model answers ready. On SIGTERM/SIGINT it drains
+(new requests refused, in-flight streams finish within --drain-grace-s, then are aborted), stops
+the server and exits 0. A missing weights file or a model that fails to load exits non-zero with
+the reason on stderr.
+"""
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+from replica.backend.model_parameters import ModelParameters
+from replica.replica_process import LaunchError, ReplicaProcess, ReplicaSpec
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    defaults = ModelParameters()
+    parser = argparse.ArgumentParser(prog="python -m replica.launch", description=__doc__.splitlines()[0])
+    parser.add_argument("--model", required=True, help="model name in Triton (one model version)")
+    parser.add_argument("--weights", default="", help="GGUF file or Hugging Face directory (default: bundled SmolLM2)")
+    parser.add_argument("--dtype", choices=("bfloat16", "float32"), default=defaults.dtype)
+    parser.add_argument("--kv-cache-bytes", type=int, default=defaults.kv_cache_bytes)
+    parser.add_argument("--max-num-seqs", type=int, default=defaults.max_num_seqs)
+    parser.add_argument("--max-num-batched-tokens", type=int, default=defaults.max_num_batched_tokens)
+    parser.add_argument("--num-threads", type=int, default=0, help="torch threads in the engine (0: torch default)")
+    parser.add_argument("--grpc-port", type=int, required=True)
+    parser.add_argument("--http-port", type=int, required=True)
+    parser.add_argument("--metrics-port", type=int, required=True)
+    parser.add_argument("--workdir", type=Path, default=None, help="default: a temporary directory")
+    parser.add_argument("--drain-grace-s", type=float, default=defaults.drain_grace_s)
+    parser.add_argument("--ready-timeout-s", type=float, default=600.0)
+    return parser.parse_args(argv)
+
+
+def spec_from_args(args: argparse.Namespace) -> ReplicaSpec:
+    return ReplicaSpec(
+        model_name=args.model,
+        grpc_port=args.grpc_port,
+        http_port=args.http_port,
+        metrics_port=args.metrics_port,
+        parameters=ModelParameters(
+            weights=args.weights,
+            dtype=args.dtype,
+            kv_cache_bytes=args.kv_cache_bytes,
+            max_num_seqs=args.max_num_seqs,
+            max_num_batched_tokens=args.max_num_batched_tokens,
+            num_threads=args.num_threads,
+        ),
+        workdir=args.workdir,
+        drain_grace_s=args.drain_grace_s,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    stop_requested = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop_requested.set())
+    replica = ReplicaProcess(spec_from_args(args))
+    started = time.monotonic()
+    try:
+        replica.start()
+        replica.wait_ready(timeout_s=args.ready_timeout_s, interrupted=stop_requested)
+    except (LaunchError, ValueError, FileNotFoundError) as exc:
+        print(f"replica launch failed: {exc}", file=sys.stderr, flush=True)
+        if replica.pid is not None:
+            replica.stop(grace_s=0.0, kill_timeout_s=5.0)
+        return 2
+    print(
+        f"replica ready: model={args.model} grpc={args.grpc_port} http={args.http_port} "
+        f"metrics={args.metrics_port} pid={replica.pid} weights={replica.weights_path} "
+        f"in {time.monotonic() - started:.1f}s (log: {replica.log_path})",
+        flush=True,
+    )
+    while not stop_requested.wait(0.5):
+        if replica.poll() is not None:
+            print(f"replica failed: tritonserver exited with code {replica.poll()}\n{replica.log_tail()}",
+                  file=sys.stderr, flush=True)
+            replica.stop(grace_s=0.0, kill_timeout_s=5.0)
+            return 1
+    print(f"replica draining: grace {args.drain_grace_s:.1f}s", flush=True)
+    code = replica.stop()
+    print(f"replica stopped: tritonserver exit code {code}", flush=True)
+    return 0 if code == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

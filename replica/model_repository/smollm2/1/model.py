@@ -1,0 +1,146 @@
+"""Our engine as a decoupled Triton Python-backend model.
+
+`execute` validates each request, stores its response sender and hands it to the EngineLoop, then
+returns at once; the loop thread sends one response per engine step per request. Needs the
+repository root on PYTHONPATH (the launcher sets it) and the venv's python first on PATH.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import threading
+import uuid
+
+# The stub's embedded interpreter ignores PYTHONPATH (measured): honour it here, before our imports.
+for _path in reversed(os.environ.get("PYTHONPATH", "").split(os.pathsep)):
+    if _path and _path not in sys.path:
+        sys.path.insert(0, _path)
+
+import triton_python_backend_utils as pb_utils  # noqa: E402
+
+from replica.backend.drain_watcher import DrainWatcher
+from replica.backend.engine_metrics import EngineMetrics
+from replica.backend.generate_request import INPUT_NAMES, GenerateRequest
+from replica.backend.model_parameters import ModelParameters
+from replica.backend.response_stream import ResponseStream
+from replica.engine.engine_loop import EngineLoop, EngineUnavailableError
+from replica.engine.sampling_params import InvalidRequestError
+
+_log = logging.getLogger("replica.model")
+
+
+class TritonPythonModel:
+    def initialize(self, args: dict) -> None:
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+        from replica.engine.llm_engine import LLMEngine
+        from replica.engine.models.loader import default_model_path
+
+        model_config = json.loads(args["model_config"])
+        parameters = ModelParameters.from_model_config(model_config)
+        engine_config = parameters.engine_config(default_weights=str(default_model_path()))
+        _log.info("loading %s (%s)", engine_config.model_path, engine_config.dtype)
+        self._engine = LLMEngine.from_config(engine_config)
+        self._tokenizer = self._engine.tokenizer
+        self._vocab_size = _vocab_size(self._engine)
+        self._streams: dict[str, ResponseStream] = {}
+        self._streams_lock = threading.Lock()
+        self._metrics = EngineMetrics(pb_utils, {"model": args["model_name"], "version": args["model_version"]})
+        self._loop = EngineLoop(self._engine, on_tick=self._on_tick)
+        self._loop.start()
+        self._drain_watcher = None
+        if parameters.drain_file:
+            self._drain_watcher = DrainWatcher(
+                parameters.drain_file, self._loop.drain, default_grace_s=parameters.drain_grace_s
+            )
+            self._drain_watcher.start()
+        _log.info("ready: max_model_len=%d", self._engine.max_model_len)
+
+    def execute(self, requests: list) -> None:
+        for request in requests:
+            sender = request.get_response_sender()
+            try:
+                self._submit(request, sender)
+            except InvalidRequestError as exc:
+                _send_error(sender, f"invalid request: {exc}", pb_utils.TritonError.INVALID_ARG)
+            except EngineUnavailableError as exc:
+                _send_error(sender, f"unavailable: {exc}", pb_utils.TritonError.UNAVAILABLE)
+            except Exception as exc:  # noqa: BLE001 - one bad request must not fail the batch
+                _log.exception("request failed")
+                _send_error(sender, f"internal error: {exc!r}", None)
+        return None
+
+    def finalize(self) -> None:
+        if self._drain_watcher is not None:
+            self._drain_watcher.stop()
+        self._loop.stop()
+        self._metrics.close()  # metrics before their families, before the stub tears down
+
+    def _submit(self, request, sender) -> None:
+        inputs = {}
+        for name in INPUT_NAMES:
+            tensor = pb_utils.get_input_tensor_by_name(request, name)
+            inputs[name] = None if tensor is None else tensor.as_numpy()
+        generate = GenerateRequest.from_inputs(inputs, vocab_size=self._vocab_size)
+        if generate.prompt_token_ids is not None:
+            prompt_token_ids = list(generate.prompt_token_ids)
+        else:
+            prompt_token_ids = self._tokenizer.encode(generate.text)
+        prefix = ""
+        if generate.prepend_prompt:
+            prefix = generate.text or self._tokenizer.decode(prompt_token_ids)
+        request_id = uuid.uuid4().hex
+        stream = ResponseStream(
+            pb_utils, sender, request_id, stream=generate.stream, prompt_prefix=prefix, on_cancel=self._loop.abort
+        )
+        with self._streams_lock:
+            self._streams[request_id] = stream
+        try:
+            self._loop.submit(
+                request_id,
+                prompt_token_ids,
+                generate.params,
+                generate.priority,
+                generate.tenant,
+                generate.cache_salt,
+                on_output=lambda output: self._on_output(stream, output),
+            )
+        except BaseException:
+            self._forget(request_id)
+            raise
+
+    def _on_output(self, stream: ResponseStream, output) -> None:
+        try:
+            stream.on_output(output)
+        finally:
+            if output.finished:
+                self._forget(stream.request_id)
+
+    def _forget(self, request_id: str) -> None:
+        with self._streams_lock:
+            self._streams.pop(request_id, None)
+
+    def _on_tick(self, stats) -> None:
+        """Loop thread, every tick while busy and once on going idle."""
+        self._metrics.update(stats)
+        with self._streams_lock:
+            streams = list(self._streams.values())
+        for stream in streams:
+            stream.poll_idle()
+
+
+def _send_error(sender, message: str, code) -> None:
+    error = pb_utils.TritonError(message) if code is None else pb_utils.TritonError(message, code)
+    sender.send(
+        pb_utils.InferenceResponse(output_tensors=[], error=error),
+        flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL,
+    )
+
+
+def _vocab_size(engine) -> int | None:
+    for owner in (getattr(engine, "model_config", None), engine.tokenizer):
+        size = getattr(owner, "vocab_size", None)
+        if isinstance(size, int):
+            return size
+    return None

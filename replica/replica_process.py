@@ -1,0 +1,255 @@
+"""ReplicaProcess: one tritonserver serving one model with our engine, started and stopped safely.
+
+Lifecycle: `start()` (write the repository, spawn the server in its own process group) ->
+`wait_ready()` -> serve -> `stop()`: drain (the model refuses new work and ends in-flight streams
+within the grace period), SIGTERM the server, SIGKILL its process group if it outlives the
+timeout, and remove its /dev/shm regions. Used by `python -m replica.launch`, tests and the
+platform's fleet code.
+"""
+from __future__ import annotations
+
+import glob
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from replica.backend.model_parameters import ModelParameters
+from replica.repository_writer import write_model_repository
+from replica.triton_install import TritonInstall
+
+_REPO_ROOT = Path(__file__).resolve().parent.parent  # holds the `replica` package for the stub
+
+
+class LaunchError(RuntimeError):
+    """The replica could not be started or did not become ready."""
+
+
+@dataclass(frozen=True)
+class ReplicaSpec:
+    model_name: str
+    grpc_port: int
+    http_port: int
+    metrics_port: int
+    parameters: ModelParameters = field(default_factory=ModelParameters)
+    workdir: Path | None = None  # None: a temporary directory, removed after a clean stop
+    drain_grace_s: float = 30.0
+    host: str = "127.0.0.1"  # where this process reaches the server (readiness)
+
+
+class ReplicaProcess:
+    def __init__(
+        self,
+        spec: ReplicaSpec,
+        *,
+        install: TritonInstall | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.spec = spec
+        self._install = install
+        self._clock = clock
+        self._sleep = sleep
+        self._process: subprocess.Popen | None = None
+        self._owns_workdir = spec.workdir is None
+        self.workdir: Path | None = spec.workdir
+        self.shm_prefix = f"replica{os.getpid()}_{secrets.token_hex(4)}_"
+        self.weights_path = ""
+
+    # ---- paths and addresses ------------------------------------------------------------------
+
+    @property
+    def log_path(self) -> Path:
+        return self._dir / "tritonserver.log"
+
+    @property
+    def drain_path(self) -> Path:
+        return self._dir / "drain"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"{self.spec.host}:{self.spec.grpc_port}"
+
+    @property
+    def http_url(self) -> str:
+        return f"http://{self.spec.host}:{self.spec.http_port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://{self.spec.host}:{self.spec.metrics_port}/metrics"
+
+    @property
+    def pid(self) -> int | None:
+        return None if self._process is None else self._process.pid
+
+    @property
+    def _dir(self) -> Path:
+        if self.workdir is None:
+            raise RuntimeError("the replica has not been started")
+        return self.workdir
+
+    # ---- lifecycle --------------------------------------------------------------------------
+
+    def start(self) -> None:
+        if self._process is not None:
+            raise RuntimeError("already started")
+        self.weights_path = _resolve_weights(self.spec.parameters.weights)
+        install = self._install or TritonInstall.from_wheel()
+        if self.workdir is None:
+            self.workdir = Path(tempfile.mkdtemp(prefix=f"replica-{self.spec.model_name}-"))
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.drain_path.unlink(missing_ok=True)
+        parameters = ModelParameters(
+            **{
+                **self.spec.parameters.__dict__,
+                "weights": self.weights_path,
+                "drain_file": str(self.drain_path),
+                "drain_grace_s": self.spec.drain_grace_s,
+            }
+        )
+        repository = write_model_repository(self._dir / "model_repository", self.spec.model_name, parameters)
+        backends = install.build_backend_dir(self._dir / "backends")
+        command = [
+            str(install.server_bin),
+            f"--model-repository={repository}",
+            f"--backend-directory={backends}",
+            f"--cache-directory={install.cache_dir}",
+            f"--http-port={self.spec.http_port}",
+            f"--grpc-port={self.spec.grpc_port}",
+            f"--metrics-port={self.spec.metrics_port}",
+            "--disable-auto-complete-config",
+            "--allow-gpu-metrics=false",
+            f"--backend-config=python,shm-region-prefix-name={self.shm_prefix}",
+            f"--exit-timeout-secs={int(self.spec.drain_grace_s) + 15}",
+            "--log-verbose=0",
+        ]
+        env = install.environment(dict(os.environ), python_path=[str(_REPO_ROOT)])
+        with open(self.log_path, "ab") as log:
+            self._process = subprocess.Popen(
+                command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                env=env, cwd=self._dir, start_new_session=True,  # its own process group, stub included
+            )
+
+    def wait_ready(self, timeout_s: float = 300.0, interrupted: threading.Event | None = None) -> float:
+        """Block until the model answers ready; returns the seconds waited. Raises LaunchError
+        (with the server log's tail) if the server exits or the timeout passes."""
+        process = self._require_process()
+        started = self._clock()
+        url = f"{self.http_url}/v2/models/{self.spec.model_name}/ready"
+        while True:
+            if process.poll() is not None:
+                self._cleanup_shm()
+                raise LaunchError(
+                    f"tritonserver exited with code {process.returncode} before the model was ready\n"
+                    + self.log_tail()
+                )
+            if _http_ok(url):
+                return self._clock() - started
+            if interrupted is not None and interrupted.is_set():
+                raise LaunchError("interrupted while waiting for the model to load")
+            if self._clock() - started > timeout_s:
+                raise LaunchError(f"model not ready after {timeout_s:.0f} s\n" + self.log_tail())
+            self._sleep(0.1)
+
+    def is_ready(self) -> bool:
+        return self.poll() is None and _http_ok(f"{self.http_url}/v2/models/{self.spec.model_name}/ready")
+
+    def poll(self) -> int | None:
+        return self._require_process().poll()
+
+    def drain(self, grace_s: float | None = None) -> None:
+        """Tell the model to refuse new work and end in-flight streams within `grace_s`."""
+        grace = self.spec.drain_grace_s if grace_s is None else grace_s
+        tmp = self.drain_path.with_suffix(".tmp")
+        tmp.write_text(f"{grace}\n", encoding="utf-8")
+        tmp.replace(self.drain_path)  # atomic: the model never reads a half-written file
+
+    def stop(self, grace_s: float | None = None, kill_timeout_s: float = 20.0) -> int:
+        """Drain, SIGTERM, then SIGKILL the process group if needed; returns the exit code."""
+        process = self._require_process()
+        grace = self.spec.drain_grace_s if grace_s is None else grace_s
+        if process.poll() is None:
+            self.drain(grace)
+            _signal_quietly(process.pid, signal.SIGTERM)
+            try:
+                process.wait(timeout=grace + kill_timeout_s)
+            except subprocess.TimeoutExpired:
+                pass
+        _kill_group(process.pid)  # a stub orphaned by a crashed server goes too
+        if process.poll() is None:
+            process.wait(5.0)
+        self._cleanup_shm()
+        if self._owns_workdir and process.returncode == 0 and self.workdir is not None:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+        return process.returncode
+
+    def shm_leftovers(self) -> list[str]:
+        return sorted(glob.glob(f"/dev/shm/{self.shm_prefix}*"))
+
+    def log_tail(self, num_lines: int = 40) -> str:
+        try:
+            lines = self.log_path.read_text(encoding="utf-8", errors="replace").splitlines()
+        except OSError:
+            return ""
+        return "\n".join(lines[-num_lines:])
+
+    def __enter__(self) -> "ReplicaProcess":
+        self.start()
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        if self._process is not None:
+            self.stop()
+
+    def _require_process(self) -> subprocess.Popen:
+        if self._process is None:
+            raise RuntimeError("the replica has not been started")
+        return self._process
+
+    def _cleanup_shm(self) -> None:
+        for path in self.shm_leftovers():
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+
+
+def _resolve_weights(weights: str) -> str:
+    if not weights:
+        from replica.engine.models.loader import default_model_path
+
+        weights = str(default_model_path())
+    if not os.path.exists(weights):
+        raise LaunchError(f"weights not found: {weights} (pass --weights with a GGUF file or a Hugging Face model directory)")
+    return os.path.abspath(weights)
+
+
+def _http_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=1.0) as response:
+            return response.status == 200
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
+def _signal_quietly(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def _kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass

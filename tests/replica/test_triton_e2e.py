@@ -1,0 +1,292 @@
+"""End to end: `python -m replica.launch` runs a real tritonserver with our engine and SmolLM2.
+
+One replica for the module (float32, so batched and solo greedy outputs agree bit for bit); the
+SIGTERM test runs last and stops it.
+"""
+from __future__ import annotations
+
+import asyncio
+import glob
+import json
+import os
+import queue
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+grpc_aio = pytest.importorskip("tritonclient.grpc.aio")
+from tritonclient.grpc import InferInput  # noqa: E402
+from tritonclient.utils import InferenceServerException  # noqa: E402
+
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+MODEL = "smollm2"
+DRAIN_GRACE_S = 20.0
+KV_CACHE_BYTES = 64 << 20  # fp32 SmolLM2: ~0.7 MiB per 16-token block -> ~90 blocks
+TOPICS = ["the sea", "a cat", "winter", "coffee", "Paris", "robots", "a garden", "the moon",
+          "music", "rain", "a library", "trains", "mountains", "bread", "a lighthouse", "friendship"]
+PROMPTS = [f"Write one sentence about {topic}." for topic in TOPICS]
+
+
+@dataclass
+class Replica:
+    process: subprocess.Popen
+    grpc_url: str
+    metrics_url: str
+    server_pid: int
+    lines: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Generation:
+    text: str = ""
+    finish_reason: str = ""
+    num_output_tokens: int = 0
+    num_responses: int = 0
+    times: list[float] = field(default_factory=list)
+    error: str | None = None
+
+
+def _free_ports(n: int) -> list[int]:
+    sockets = [socket.socket() for _ in range(n)]
+    for s in sockets:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in sockets]
+    for s in sockets:
+        s.close()
+    return ports
+
+
+def _pump(stream, sink: queue.Queue) -> None:
+    for line in stream:
+        sink.put(line.rstrip("\n"))
+    sink.put(None)
+
+
+@pytest.fixture(scope="module")
+def replica(tmp_path_factory):
+    grpc_port, http_port, metrics_port = _free_ports(3)
+    command = [
+        sys.executable, "-m", "replica.launch", "--model", MODEL, "--dtype", "float32",
+        "--kv-cache-bytes", str(KV_CACHE_BYTES), "--max-num-seqs", "32", "--max-num-batched-tokens", "256",
+        "--grpc-port", str(grpc_port), "--http-port", str(http_port), "--metrics-port", str(metrics_port),
+        "--workdir", str(tmp_path_factory.mktemp("replica")), "--drain-grace-s", str(DRAIN_GRACE_S),
+    ]
+    process = subprocess.Popen(command, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: queue.Queue = queue.Queue()
+    threading.Thread(target=_pump, args=(process.stdout, lines), daemon=True).start()
+    seen: list[str] = []
+    deadline = time.monotonic() + 600
+    while True:
+        try:
+            line = lines.get(timeout=max(0.1, deadline - time.monotonic()))
+        except queue.Empty:
+            line = None
+        if line is None or time.monotonic() > deadline:
+            process.kill()
+            pytest.fail("replica did not become ready:\n" + "\n".join(seen))
+        seen.append(line)
+        if line.startswith("replica ready:"):
+            break
+    server_pid = int(re.search(r"pid=(\d+)", seen[-1]).group(1))
+    handle = Replica(process, f"127.0.0.1:{grpc_port}", f"http://127.0.0.1:{metrics_port}/metrics", server_pid, seen)
+    threading.Thread(target=lambda: [seen.append(x) for x in iter(lines.get, None)], daemon=True).start()
+    yield handle
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=DRAIN_GRACE_S + 40)
+        except subprocess.TimeoutExpired:
+            process.kill()
+
+
+def _inputs(text: str | None, max_tokens: int, *, raw_params: str | None = None) -> list[InferInput]:
+    inputs = []
+    if text is not None:
+        t = InferInput("text_input", [1], "BYTES")
+        t.set_data_from_numpy(np.array([text.encode()], dtype=np.object_))
+        inputs.append(t)
+    params = raw_params if raw_params is not None else json.dumps(
+        {"max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}
+    )
+    p = InferInput("sampling_parameters", [1], "BYTES")
+    p.set_data_from_numpy(np.array([params.encode()], dtype=np.object_))
+    inputs.append(p)
+    return inputs
+
+
+async def _one(inputs):
+    yield {"model_name": MODEL, "inputs": inputs}
+
+
+async def generate(client, text: str | None, max_tokens: int = 16, *, raw_params: str | None = None,
+                   on_response=None) -> Generation:
+    """One request on its own gRPC stream; returns what came back (error instead of raising)."""
+    result = Generation()
+    try:
+        async for response, error in client.stream_infer(_one(_inputs(text, max_tokens, raw_params=raw_params))):
+            if error is not None:
+                result.error = str(error)
+                break
+            result.num_responses += 1
+            result.times.append(time.perf_counter())
+            result.text += response.as_numpy("text_output")[0].decode()
+            if on_response is not None:
+                on_response(result)
+            if response.as_numpy("final")[0]:
+                result.finish_reason = response.as_numpy("finish_reason")[0].decode()
+                result.num_output_tokens = int(response.as_numpy("num_output_tokens")[0])
+                break
+    except InferenceServerException as exc:
+        result.error = str(exc)
+    except Exception as exc:  # grpc.aio errors during server shutdown
+        result.error = repr(exc)
+    return result
+
+
+def scrape(metrics_url: str) -> dict[str, float]:
+    text = urllib.request.urlopen(metrics_url, timeout=5).read().decode()
+    return {m.group(1): float(m.group(2)) for m in re.finditer(r"^replica_(\w+)\{[^}]*\} (\S+)$", text, re.M)}
+
+
+async def wait_for_metrics(metrics_url: str, predicate, timeout_s: float = 30.0) -> dict[str, float]:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        values = await asyncio.to_thread(scrape, metrics_url)
+        if predicate(values) or time.monotonic() > deadline:
+            return values
+        await asyncio.sleep(0.1)
+
+
+@pytest.mark.asyncio
+async def test_concurrent_streams_interleave_and_match_solo(replica):
+    client = grpc_aio.InferenceServerClient(replica.grpc_url)
+    max_tokens = 16
+    solo = [await generate(client, prompt, max_tokens) for prompt in PROMPTS]
+    assert all(g.error is None and g.finish_reason == "length" for g in solo), solo
+
+    peak = {"running": 0.0}
+    stop = asyncio.Event()
+
+    async def sample_running():
+        while not stop.is_set():
+            peak["running"] = max(peak["running"], (await asyncio.to_thread(scrape, replica.metrics_url))["running_seqs"])
+            await asyncio.sleep(0.05)
+
+    sampler = asyncio.create_task(sample_running())
+    together = await asyncio.gather(*(generate(client, prompt, max_tokens) for prompt in PROMPTS))
+    stop.set()
+    await sampler
+    await client.close()
+
+    for alone, batched in zip(solo, together):
+        assert batched.error is None
+        assert (batched.text, batched.finish_reason, batched.num_output_tokens) == (alone.text, "length", max_tokens)
+        assert batched.num_responses == max_tokens  # one response per token
+    # Continuous batching: every stream was still producing when the last one started producing.
+    assert max(g.times[0] for g in together) < min(g.times[-1] for g in together)
+    assert peak["running"] > 1
+
+
+@pytest.mark.asyncio
+async def test_cancelled_stream_frees_its_blocks(replica):
+    client = grpc_aio.InferenceServerClient(replica.grpc_url)
+    before = scrape(replica.metrics_url)
+    stream = client.stream_infer(_one(_inputs(PROMPTS[0] * 8, 1000)))
+    num_responses = 0
+    async for response, error in stream:
+        assert error is None
+        num_responses += 1
+        if num_responses == 3:
+            break
+    during = scrape(replica.metrics_url)
+    stream.cancel()
+    after = await wait_for_metrics(
+        replica.metrics_url,
+        lambda m: m["running_seqs"] == 0 and m["waiting_seqs"] == 0 and m["kv_free_blocks"] == m["kv_total_blocks"],
+    )
+    await client.close()
+    assert during["kv_free_blocks"] < during["kv_total_blocks"] or during["running_seqs"] >= 1
+    assert after["running_seqs"] == 0 and after["waiting_seqs"] == 0
+    assert after["kv_free_blocks"] == after["kv_total_blocks"]
+    # The engine stopped generating for it long before max_tokens.
+    assert after["generated_tokens_total"] - before["generated_tokens_total"] < 200
+
+
+@pytest.mark.asyncio
+async def test_invalid_requests_get_clear_errors_while_others_continue(replica):
+    client = grpc_aio.InferenceServerClient(replica.grpc_url)
+    valid = asyncio.create_task(generate(client, PROMPTS[1], 16))
+    invalid = await asyncio.gather(
+        generate(client, "hi", raw_params='{"max_tokens": 4, "top_p": 5}'),
+        generate(client, "hi", raw_params="{not json"),
+        generate(client, "hi", raw_params='{"max_tokens": 4, "beam_width": 3}'),
+        generate(client, None, 4),  # no text_input
+    )
+    ok = await valid
+    await client.close()
+    for result, needle in zip(invalid, ["top_p", "not valid JSON", "unknown sampling parameters", "text_input is required"]):
+        assert result.error is not None and "invalid request:" in result.error and needle in result.error, result
+    assert ok.error is None and ok.finish_reason == "length" and ok.num_output_tokens == 16
+
+
+@pytest.mark.asyncio
+async def test_prompt_over_the_context_window_errors(replica):
+    client = grpc_aio.InferenceServerClient(replica.grpc_url)
+    too_long = await generate(client, "hello " * 9000, 4)
+    fine = await generate(client, PROMPTS[2], 4)
+    await client.close()
+    assert too_long.error is not None and "invalid request:" in too_long.error and "context window" in too_long.error
+    assert fine.error is None and fine.num_output_tokens == 4
+
+
+def test_missing_weights_fails_at_launch_with_a_clear_message(tmp_path):
+    grpc_port, http_port, metrics_port = _free_ports(3)
+    missing = tmp_path / "nope.gguf"
+    result = subprocess.run(
+        [sys.executable, "-m", "replica.launch", "--model", "m", "--weights", str(missing),
+         "--grpc-port", str(grpc_port), "--http-port", str(http_port), "--metrics-port", str(metrics_port)],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode != 0
+    assert f"weights not found: {missing}" in result.stderr
+
+
+@pytest.mark.asyncio
+async def test_sigterm_drains_then_exits_cleanly(replica):
+    """Runs last: in-flight streams finish (or are aborted at the grace deadline), new ones are
+    refused, the launcher exits 0 and leaves no server process and no /dev/shm region behind."""
+    client = grpc_aio.InferenceServerClient(replica.grpc_url)
+    started = {"short": asyncio.Event(), "endless": asyncio.Event()}
+    short = asyncio.create_task(generate(client, PROMPTS[3], 8, on_response=lambda g: started["short"].set()))
+    endless = asyncio.create_task(generate(client, PROMPTS[4], 4000, on_response=lambda g: started["endless"].set()))
+    await asyncio.wait_for(asyncio.gather(*(e.wait() for e in started.values())), timeout=60)
+    signalled = time.monotonic()
+    replica.process.send_signal(signal.SIGTERM)
+    await asyncio.sleep(1.0)
+    refused = await generate(grpc_aio.InferenceServerClient(replica.grpc_url), PROMPTS[5], 4)
+    short_result, endless_result = await short, await endless
+    await client.close()
+    exit_code = await asyncio.to_thread(replica.process.wait, DRAIN_GRACE_S + 60)
+
+    assert refused.error is not None, refused
+    assert short_result.error is None and short_result.finish_reason == "length" and short_result.num_output_tokens == 8
+    assert endless_result.finish_reason == "abort" or endless_result.error is not None
+    assert endless_result.num_output_tokens < 4000
+    assert time.monotonic() - signalled < DRAIN_GRACE_S + 30
+    assert exit_code == 0, "\n".join(replica.lines)
+    assert any(line.startswith("replica stopped") for line in replica.lines)
+    assert not glob.glob(f"/dev/shm/replica{replica.process.pid}_*")
+    with pytest.raises(ProcessLookupError):
+        os.kill(replica.server_pid, 0)

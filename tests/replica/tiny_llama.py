@@ -1,0 +1,65 @@
+"""A random-weight tiny Llama shared by the engine tests: our model and HF's from one state dict."""
+from __future__ import annotations
+
+import torch
+
+from replica.engine.config import EngineConfig, ModelConfig
+from replica.engine.llm_engine import LLMEngine, build_model
+
+TINY = ModelConfig(
+    vocab_size=256, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4, num_kv_heads=2,
+    head_dim=16, rms_norm_eps=1e-5, rope_theta=10000.0, max_position_embeddings=512,
+    tie_word_embeddings=True, bos_token_id=1, eos_token_ids=(2,),
+)
+
+
+class ByteDecoder:
+    """Token id -> one byte: enough to exercise incremental detokenisation with UTF-8."""
+
+    eos_token_ids = (2,)
+
+    def decode(self, ids, skip_special_tokens: bool = True) -> str:
+        return bytes(i for i in ids if i >= 3).decode("utf-8", errors="replace")
+
+
+def hf_config(c: ModelConfig):
+    from transformers import LlamaConfig
+
+    return LlamaConfig(
+        vocab_size=c.vocab_size, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
+        num_hidden_layers=c.num_layers, num_attention_heads=c.num_heads, num_key_value_heads=c.num_kv_heads,
+        head_dim=c.head_dim, rms_norm_eps=c.rms_norm_eps, rope_theta=c.rope_theta,
+        max_position_embeddings=c.max_position_embeddings, tie_word_embeddings=c.tie_word_embeddings,
+        bos_token_id=c.bos_token_id, eos_token_id=list(c.eos_token_ids), pad_token_id=0,
+        attention_bias=False, mlp_bias=False,
+    )
+
+
+def hf_model(c: ModelConfig, state_dict=None, seed: int = 0):
+    from transformers import LlamaForCausalLM as HFLlama
+
+    torch.manual_seed(seed)
+    model = HFLlama(hf_config(c)).eval()
+    if state_dict is None:
+        with torch.no_grad():  # larger weights than HF's init make greedy outputs varied
+            for p in model.parameters():
+                if p.dim() == 2:
+                    p.normal_(0, 0.25)
+    else:
+        model.load_state_dict(state_dict, strict=False)
+    return model
+
+
+def hf_greedy(model, prompt: list[int], max_new_tokens: int) -> list[int]:
+    with torch.no_grad():
+        out = model.generate(
+            torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+            max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=None, pad_token_id=0,
+        )
+    return out[0, len(prompt):].tolist()
+
+
+def our_engine(c: ModelConfig, state_dict, *, kv_cache_bytes=1 << 20, **engine_kwargs) -> LLMEngine:
+    config = EngineConfig(model_path="<memory>", dtype="float32", kv_cache_bytes=kv_cache_bytes, **engine_kwargs)
+    model = build_model(c, state_dict, "float32", "cpu")
+    return LLMEngine(config, c, model, ByteDecoder())
