@@ -3,6 +3,7 @@ the Idempotency-Key. Shared by the HTTP views and the WebSocket consumer."""
 from __future__ import annotations
 
 import json
+import logging
 import uuid
 from dataclasses import dataclass
 
@@ -10,11 +11,19 @@ from asgiref.sync import sync_to_async
 from django.conf import settings
 
 from inference.container import Container
-from inference.errors import InvalidRequest, NotFound, PayloadTooLarge, Unauthorized
+from inference.errors import (
+    InvalidRequest,
+    NotFound,
+    PayloadTooLarge,
+    ServiceUnavailable,
+    Unauthorized,
+)
 from inference.idempotency import Claim, Replay, fingerprint, validate_key
 from inference.schemas import GenerationRequest, parse_request
 from models_registry.selectors import ServingVersion, serving_version
 from tenants.auth import AuthenticationFailed, Principal, authenticate, bearer_token
+
+logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_TOKENS = 256
 # Prompts longer than this are tokenized off the event loop.
@@ -61,14 +70,23 @@ def decode_body(raw_body: bytes) -> object:
 
 
 async def _tokenize(container: Container, target: ServingVersion, request: GenerationRequest):
-    tokenizer = await container.tokenizers.aget(target.tokenizer, target.weights_uri)
+    try:
+        tokenizer = await container.tokenizers.aget(target.tokenizer, target.weights_uri)
+    except (OSError, ImportError, ValueError, KeyError) as exc:
+        logger.exception("cannot load the tokenizer of %s", target.model_name)
+        raise ServiceUnavailable(f"The model '{target.model_name}' is not available right now.",
+                                 code="model_unavailable",
+                                 headers={"Retry-After": "30"}) from exc
 
     def render_and_encode() -> tuple[str, list[int]]:
-        if request.messages is not None:
-            text = tokenizer.apply_chat_template(list(request.messages), add_generation_prompt=True)
-        else:
-            text = request.prompt
-        return text, tokenizer.encode(text)
+        if request.messages is None:
+            return request.prompt, tokenizer.encode(request.prompt)
+        messages = list(request.messages)
+        try:
+            text = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+            return text, tokenizer.encode_chat(messages, add_generation_prompt=True)
+        except ValueError as exc:  # the model's template rejects these messages
+            raise InvalidRequest(f"messages: {exc}", param="messages") from exc
 
     size = sum(len(m["content"]) for m in request.messages) if request.messages else len(request.prompt)
     if size <= INLINE_TOKENIZE_CHARS:

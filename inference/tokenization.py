@@ -8,7 +8,7 @@ with the ChatML template, for tests and fake replicas. Loaded tokenizers are cac
 """
 from __future__ import annotations
 
-import importlib.resources
+import importlib.util
 import threading
 from pathlib import Path
 from typing import Protocol
@@ -17,11 +17,18 @@ from asgiref.sync import sync_to_async
 
 
 class PromptTokenizer(Protocol):
-    """Invariant: `encode(apply_chat_template(m))` is exactly what the replica will prefill."""
+    """The replica's own tokenizer interface (replica.engine.tokenizer.Tokenizer).
+
+    Invariants: `encode(text)` is how the replica tokenizes a raw `text_input`;
+    `encode_chat(m)` is the token form of `apply_chat_template(m)` (no extra special tokens).
+    Templates that reject the messages raise ValueError.
+    """
 
     def encode(self, text: str) -> list[int]: ...
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str: ...
+
+    def encode_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]: ...
 
 
 def render_chatml(messages: list[dict], add_generation_prompt: bool = True) -> str:
@@ -48,28 +55,36 @@ class ByteTokenizer:
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
         return render_chatml(messages, add_generation_prompt)
 
+    def encode_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
+        return self.encode(self.apply_chat_template(messages, add_generation_prompt))
+
 
 def resolve_weights(uri: str) -> Path:
     """A weights URI to a file: a path, or `package:<package>/<file>` inside an installed package."""
     if uri.startswith("package:"):
         package, _, name = uri[len("package:"):].partition("/")
-        return Path(str(importlib.resources.files(package).joinpath(name)))
+        # Found without importing the package (a data-only wheel may not import cleanly).
+        spec = importlib.util.find_spec(package)
+        if spec is None or not spec.submodule_search_locations:
+            raise FileNotFoundError(f"package {package!r} is not installed")
+        return Path(next(iter(spec.submodule_search_locations))) / name
     return Path(uri)
 
 
 def load_weights_tokenizer(uri: str) -> PromptTokenizer:
-    """The replica's tokenizer for these weights (imported lazily: the replica is optional for
-    the platform's own tests)."""
+    """The replica's tokenizer for these weights, without loading the weights: GGUF metadata
+    (memory-mapped) or a Hugging Face directory. Imported lazily: the replica package is only
+    needed once a model with real weights is served."""
     path = resolve_weights(uri)
-    from replica.engine import tokenizer as replica_tokenizer  # noqa: PLC0415
+    from replica.engine.tokenizer import Tokenizer  # noqa: PLC0415
 
-    tokenizer_cls = replica_tokenizer.Tokenizer
-    for constructor in ("from_gguf", "from_file", "from_pretrained", "load"):
-        if hasattr(tokenizer_cls, constructor):
-            return getattr(tokenizer_cls, constructor)(str(path))
-    from replica.engine.models.loader import load_checkpoint  # noqa: PLC0415
+    if path.is_dir():
+        return Tokenizer.from_hf_dir(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no weights at {path}")
+    from replica.engine.models.gguf_reader import GGUFReader  # noqa: PLC0415
 
-    return load_checkpoint(str(path)).tokenizer
+    return Tokenizer.from_gguf_metadata(GGUFReader(str(path)).metadata)
 
 
 LOADERS = {

@@ -14,7 +14,7 @@ from django.db import connection
 
 from models_registry.services import ensure_model_version, register_replica
 from tenants.services import create_api_key, create_tenant
-from tests.fakes.triton_server import parse_running_seqs
+from tests.fakes.triton_server import parse_active_seqs
 from tests.support.processes import REPO, free_port, http_ok, port_open, start, wait_until
 
 LOG_DIR = REPO / "var" / "test-logs"
@@ -30,9 +30,9 @@ class ReplicaServer:
     weights_uri: str
     context_length: int
 
-    def running_seqs(self) -> int:
+    def active_seqs(self) -> int:
         text = httpx.get(f"http://{self.metrics_address}/metrics", timeout=5).text
-        return parse_running_seqs(text)
+        return parse_active_seqs(text)
 
 
 def _database_url() -> str:

@@ -62,9 +62,9 @@ def test_sse_disconnect_cancels_on_the_replica(fleet):
                     seen += 1
                 if seen == 3:
                     # Still reading: the sequence runs. (Leaving the loop closes the stream.)
-                    assert fleet.replica.running_seqs() >= 1
+                    assert fleet.replica.active_seqs() >= 1
                     break
-    wait_for(lambda: fleet.replica.running_seqs() == 0, "the replica's sequences to end")
+    wait_for(lambda: fleet.replica.active_seqs() == 0, "the replica's sequences to end")
     row = wait_for(_cancelled_usage, "the cancelled request's usage row")
     assert 3 <= row.output_tokens < 2000
 
@@ -109,7 +109,7 @@ def test_websocket_auth_and_disconnect(fleet):
 
     unauthenticated = asyncio.run(run())
     assert unauthenticated["status"] == 401
-    wait_for(lambda: fleet.replica.running_seqs() == 0, "the replica's sequences to end")
+    wait_for(lambda: fleet.replica.active_seqs() == 0, "the replica's sequences to end")
     wait_for(_cancelled_usage, "the cancelled request's usage row")
 
 

@@ -10,7 +10,8 @@ the prompt text:
   [die-after-2]    two tokens, then an error
   [stop]           finish_reason "stop" after 3 tokens
 Server-wide: `fail_all=True` fails every request before its first token.
-It serves `engine_num_running_seqs` on a tiny HTTP metrics endpoint, like the real replica.
+It serves `replica_running_seqs`/`replica_waiting_seqs` on a tiny HTTP metrics endpoint, like
+the real replica.
 
 Run standalone: python -m tests.fakes.triton_server --grpc-port P --metrics-port M
 """
@@ -155,9 +156,9 @@ async def _serve_metrics(state: FakeState, reader, writer) -> None:
     except (asyncio.IncompleteReadError, ConnectionError):  # a port probe, not a request
         writer.close()
         return
-    body = (f"# TYPE engine_num_running_seqs gauge\n"
-            f"engine_num_running_seqs{{model=\"chat-small\"}} {state.num_running}\n"
-            f"engine_num_requests_total {state.num_requests}\n").encode()
+    body = (f"# TYPE replica_running_seqs gauge\n"
+            f"replica_running_seqs{{model=\"chat-small\",version=\"1\"}} {state.num_running}\n"
+            f"replica_waiting_seqs{{model=\"chat-small\",version=\"1\"}} 0\n").encode()
     writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: "
                  + str(len(body)).encode() + b"\r\nConnection: close\r\n\r\n" + body)
     await writer.drain()
@@ -196,9 +197,19 @@ async def start_fake(grpc_port: int = 0, metrics_port: int = 0, fail_all: bool =
     return RunningFake(state, port, metrics.sockets[0].getsockname()[1], server, metrics)
 
 
-def parse_running_seqs(metrics_text: str) -> int:
-    match = re.search(r"^engine_num_running_seqs(?:\{[^}]*\})? (\S+)$", metrics_text, re.M)
+def parse_gauge(metrics_text: str, name: str) -> int:
+    """The value of a gauge in Prometheus text format; -1 when absent."""
+    match = re.search(rf"^{name}(?:\{{[^}}]*\}})? (\S+)$", metrics_text, re.M)
     return int(float(match.group(1))) if match else -1
+
+
+def parse_active_seqs(metrics_text: str) -> int:
+    """Running + waiting sequences, as the real replica reports them on its metrics port."""
+    running = parse_gauge(metrics_text, "replica_running_seqs")
+    waiting = parse_gauge(metrics_text, "replica_waiting_seqs")
+    if running < 0 or waiting < 0:
+        raise ValueError("no replica_running_seqs / replica_waiting_seqs gauges in:\n" + metrics_text)
+    return running + waiting
 
 
 async def _main() -> None:
