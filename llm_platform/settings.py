@@ -90,7 +90,12 @@ CHANNEL_LAYERS = {
 CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", REDIS_URL)
 CELERY_RESULT_BACKEND = None
 CELERY_TASK_IGNORE_RESULT = True
-CELERY_BEAT_SCHEDULE: dict = {}
+CELERY_BEAT_SCHEDULE = {
+    "replica-health": {
+        "task": "models_registry.tasks.check_replica_health",
+        "schedule": env_float("REPLICA_HEALTH_INTERVAL_SECONDS", 10.0),
+    },
+}
 CELERY_TIMEZONE = "UTC"
 
 LANGUAGE_CODE = "en-us"
