@@ -188,7 +188,15 @@ async def _finish(container: Container, prepared: Prepared, progress: _Progress,
         logger.exception("idempotency bookkeeping failed for %s", prepared.request_id)
     last = progress.final or progress.last
     now = container.clock()
-    await record_usage(UsageEvent(
+    try:
+        await record_usage(_usage_event(prepared, progress, last, now))
+    except Exception:  # noqa: BLE001 - the reply stands; issue 7's outbox makes this durable
+        logger.exception("usage for %s was not recorded", prepared.request_id)
+
+
+def _usage_event(prepared: Prepared, progress: _Progress, last: ReplicaChunk | None,
+                 now: float) -> UsageEvent:
+    return UsageEvent(
         request_id=prepared.request_id,
         tenant_id=prepared.principal.tenant_id,
         api_key_id=prepared.principal.api_key_id,
@@ -205,4 +213,4 @@ async def _finish(container: Container, prepared: Prepared, progress: _Progress,
         status=progress.status,
         finish_reason=(progress.final.finish_reason if progress.final else ""),
         endpoint=prepared.request.endpoint,
-    ))
+    )

@@ -1,3 +1,5 @@
+import redis
+from django.conf import settings
 from django.contrib import admin
 
 from tenants.models import ApiKey, Tenant, Tier
@@ -42,5 +44,9 @@ class ApiKeyAdmin(admin.ModelAdmin):
 
     @admin.action(description="Revoke selected keys")
     def revoke(self, request, queryset):
-        for api_key in queryset:
-            revoke_api_key(api_key)
+        client = redis.Redis.from_url(settings.REDIS_URL)
+        try:
+            for api_key in queryset:
+                revoke_api_key(api_key, client, settings.REDIS_KEY_PREFIX)
+        finally:
+            client.close()
