@@ -63,7 +63,15 @@ def _start(name: str, args: list[str], env: dict) -> subprocess.Popen:
                             start_new_session=True)
 
 
-def start_fleet(replica_args: tuple[str, ...] = ()) -> Fleet:
+def _wait_port(port: int, proc: subprocess.Popen, deadline_s: float) -> None:
+    from scripts.services import wait_port
+
+    wait_port(port, proc, str(proc.args), deadline_s)
+
+
+def start_fleet(replica: str = "smollm2") -> Fleet:
+    """`replica`: "smollm2" (the real engine in tritonserver) or "fake" (tests/fakes: Triton's
+    gRPC protocol with a model that costs nothing, to isolate what the platform itself adds)."""
     services = ensure_services(REPO / "var", log=lambda *_: None)
     database_url = urlparse(services.database_url)._replace(path="/llm_platform_bench").geturl()
     ensure_database(database_url)
@@ -84,17 +92,25 @@ def start_fleet(replica_args: tuple[str, ...] = ()) -> Fleet:
         fleet.api_key = subprocess.run([*manage, "createapikey", tenant], cwd=REPO, env=env,
                                        check=True, capture_output=True, text=True).stdout.strip()
         grpc_port, http_port, metrics_port, api_port = (free_port() for _ in range(4))
-        replica = _start("replica", ["-m", "replica.launch", "--model", "chat-small",
-                                     "--grpc-port", str(grpc_port), "--http-port", str(http_port),
-                                     "--metrics-port", str(metrics_port), *replica_args], env)
-        fleet.procs.append(replica)
+        if replica == "fake":
+            server = _start("fake-replica", ["-m", "tests.fakes.triton_server", "--grpc-port",
+                                             str(grpc_port), "--metrics-port", str(metrics_port)],
+                            env)
+        else:
+            server = _start("replica", ["-m", "replica.launch", "--model", "chat-small",
+                                        "--grpc-port", str(grpc_port), "--http-port",
+                                        str(http_port), "--metrics-port", str(metrics_port)], env)
+        fleet.procs.append(server)
         daphne = _start("daphne", ["-m", "daphne", "-b", "127.0.0.1", "-p", str(api_port),
                                    "llm_platform.asgi:application"], env)
         fleet.procs.append(daphne)
         fleet.base_url = f"http://127.0.0.1:{api_port}"
         fleet.grpc_address = f"127.0.0.1:{grpc_port}"
         fleet.metrics_address = f"127.0.0.1:{metrics_port}"
-        _wait(f"http://127.0.0.1:{http_port}/v2/models/chat-small/ready", replica, 900)
+        if replica == "fake":
+            _wait_port(grpc_port, server, 60)
+        else:
+            _wait(f"http://127.0.0.1:{http_port}/v2/models/chat-small/ready", server, 900)
         # Stale replicas of earlier runs in this database must not receive traffic.
         subprocess.run([*manage, "shell", "-c",
                         "from models_registry.models import Replica; "
