@@ -159,14 +159,16 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--short-requests", type=int, default=128)
     parser.add_argument("--short-concurrency", type=int, default=16)
-    parser.add_argument("--no-fake", action="store_true",
-                        help="skip the second pass against a zero-cost fake replica")
+    parser.add_argument("--replica", choices=["both", "smollm2", "fake"], default="both",
+                        help="both (default): the real replica, then the zero-cost fake")
     args = parser.parse_args()
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "llm_platform.settings")
     # The real replica is the headline; on a small CPU its own queueing (seconds of TTFT) hides
     # milliseconds of platform cost, so a second pass against a zero-cost replica isolates it.
-    result = asyncio.run(run(args, "smollm2"))
-    if not args.no_fake:
+    result = {}
+    if args.replica in {"both", "smollm2"}:
+        result = asyncio.run(run(args, "smollm2"))
+    if args.replica in {"both", "fake"}:
         result["platform_only"] = asyncio.run(run(args, "fake"))
     for key, value in result.items():
         if isinstance(value, dict) and key == "platform_only":

@@ -26,22 +26,22 @@ class UsageEvent:
 
 
 async def record_usage(event: UsageEvent) -> None:
-    """Record one finished request. Idempotent on `request_id` (a replay writes nothing)."""
-    await UsageRecord.objects.aget_or_create(
+    """Record one finished request. Idempotent on `request_id` (a replay writes nothing):
+    one INSERT ... ON CONFLICT DO NOTHING."""
+    record = UsageRecord(
         request_id=event.request_id,
-        defaults={
-            "tenant_id": event.tenant_id,
-            "api_key_id": event.api_key_id,
-            "model_name": event.model_name,
-            "model_version_id": event.model_version_id,
-            "replica_id": event.replica_id,
-            "input_tokens": event.input_tokens,
-            "cached_tokens": event.cached_tokens,
-            "output_tokens": event.output_tokens,
-            "ttft_ms": event.ttft_ms,
-            "total_ms": event.total_ms,
-            "status": event.status,
-            "finish_reason": event.finish_reason,
-            "endpoint": event.endpoint,
-        },
+        tenant_id=event.tenant_id,
+        api_key_id=event.api_key_id,
+        model_name=event.model_name,
+        model_version_id=event.model_version_id,
+        replica_id=event.replica_id,
+        input_tokens=event.input_tokens,
+        cached_tokens=event.cached_tokens,
+        output_tokens=event.output_tokens,
+        ttft_ms=event.ttft_ms,
+        total_ms=event.total_ms,
+        status=event.status,
+        finish_reason=event.finish_reason,
+        endpoint=event.endpoint,
     )
+    await UsageRecord.objects.abulk_create([record], ignore_conflicts=True)

@@ -18,7 +18,7 @@ from django.conf import settings
 
 from inference.idempotency import IdempotencyStore
 from inference.replica_client import ReplicaClient
-from inference.router import OutstandingTokens, ReplicaDirectory, Router
+from inference.router import OutstandingTokens, ReplicaDirectory, Router, ServingCatalog
 from inference.tokenization import TokenizerCache
 from inference.triton_client import TritonReplicaClient
 
@@ -31,6 +31,7 @@ class Container:
     tokenizers: TokenizerCache
     replica_client: ReplicaClient
     router: Router
+    catalog: ServingCatalog
     idempotency: IdempotencyStore
 
     async def close(self) -> None:
@@ -52,10 +53,11 @@ def build_container(tokenizers: TokenizerCache) -> Container:
             token_timeout=settings.TRITON_TOKEN_TIMEOUT_SECONDS,
         ),
         router=Router(
-            ReplicaDirectory(clock, settings.REPLICA_LIST_TTL_SECONDS),
+            ReplicaDirectory(clock, settings.REGISTRY_CACHE_TTL_SECONDS),
             OutstandingTokens(redis, prefix),
             random.Random(),
         ),
+        catalog=ServingCatalog(clock, settings.REGISTRY_CACHE_TTL_SECONDS),
         idempotency=IdempotencyStore(
             redis, prefix, settings.IDEMPOTENCY_TTL_SECONDS,
             settings.IDEMPOTENCY_PENDING_TTL_SECONDS,

@@ -20,7 +20,7 @@ from inference.errors import (
 )
 from inference.idempotency import Claim, Replay, fingerprint, validate_key
 from inference.schemas import GenerationRequest, parse_request
-from models_registry.selectors import ServingVersion, serving_version
+from models_registry.selectors import ServingVersion
 from tenants.auth import AuthenticationFailed, Principal, authenticate, bearer_token
 
 logger = logging.getLogger(__name__)
@@ -116,7 +116,7 @@ async def prepare(container: Container, endpoint: str, authorization: str | None
     """Raises ApiError subclasses for every refusal (401, 400, 404, 409, 422)."""
     principal = await authenticate_header(container, authorization)
     request = parse_request(endpoint, body)
-    target = await serving_version(request.model, principal.tenant_id)
+    target = await container.catalog.get(request.model, principal.tenant_id)
     if target is None:
         raise NotFound(f"The model '{request.model}' does not exist or you do not have access "
                        "to it.", param="model")

@@ -14,7 +14,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
-from models_registry.selectors import ReplicaInfo, ready_replicas
+from models_registry.selectors import ReplicaInfo, ServingVersion, ready_replicas, serving_version
 
 
 @dataclass(frozen=True)
@@ -123,6 +123,27 @@ class ReplicaDirectory:
         replicas = await ready_replicas(model_version_id)
         self._cached[model_version_id] = (now, replicas)
         return replicas
+
+
+class ServingCatalog:
+    """`serving_version` per (model, tenant), read from PostgreSQL at most every `ttl_seconds`."""
+
+    def __init__(self, clock: Callable[[], float], ttl_seconds: float):
+        self._clock = clock
+        self._ttl = ttl_seconds
+        self._cached: dict[tuple[str, int], tuple[float, ServingVersion | None]] = {}
+
+    async def get(self, model_name: str, tenant_id: int) -> ServingVersion | None:
+        now = self._clock()
+        key = (model_name, tenant_id)
+        hit = self._cached.get(key)
+        if hit is not None and now - hit[0] < self._ttl:
+            return hit[1]
+        target = await serving_version(model_name, tenant_id)
+        if len(self._cached) > 10_000:  # bound memory under many tenants x models
+            self._cached.clear()
+        self._cached[key] = (now, target)
+        return target
 
 
 class Router:

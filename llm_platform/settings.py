@@ -68,9 +68,10 @@ DATABASES = {
         **parse_database_url(
             env_str("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/llm_platform")
         ),
-        # Async views run ORM calls in a thread pool; persistent connections there would leak
-        # one connection per thread, so connections are per request.
-        "CONN_MAX_AGE": 0,
+        # Async views run ORM calls on asgiref's one thread-sensitive worker thread, so a
+        # persistent connection is one connection per process, not per request.
+        "CONN_MAX_AGE": env_int("DB_CONN_MAX_AGE", 60),
+        "CONN_HEALTH_CHECKS": True,
     }
 }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
@@ -128,9 +129,9 @@ IDEMPOTENCY_PENDING_TTL_SECONDS = env_int("IDEMPOTENCY_PENDING_TTL_SECONDS", 15 
 NO_REPLICA_RETRY_AFTER_SECONDS = env_int("NO_REPLICA_RETRY_AFTER_SECONDS", 5)
 # How many replicas a request tries when one fails before its first token.
 ROUTER_MAX_ATTEMPTS = env_int("ROUTER_MAX_ATTEMPTS", 3)
-# The ready-replica list is read from PostgreSQL at most this often per process.
-REPLICA_LIST_TTL_SECONDS = env_float("REPLICA_LIST_TTL_SECONDS", 1.0)
+# Model versions and ready-replica lists are read from PostgreSQL at most this often per process
+# (a registry change reaches every process within this time).
+REGISTRY_CACHE_TTL_SECONDS = env_float("REGISTRY_CACHE_TTL_SECONDS", 1.0)
 # No hang: a replica that sends nothing for this long fails the request.
 TRITON_FIRST_TOKEN_TIMEOUT_SECONDS = env_float("TRITON_FIRST_TOKEN_TIMEOUT_SECONDS", 120.0)
 TRITON_TOKEN_TIMEOUT_SECONDS = env_float("TRITON_TOKEN_TIMEOUT_SECONDS", 60.0)
-TRITON_CONNECT_TIMEOUT_SECONDS = env_float("TRITON_CONNECT_TIMEOUT_SECONDS", 5.0)

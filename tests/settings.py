@@ -17,6 +17,6 @@ CHANNEL_LAYERS = {
     }
 }
 API_KEY_CACHE_SECONDS = 1.0
-REPLICA_LIST_TTL_SECONDS = 0.0  # tests change replica states and expect them seen at once
+REGISTRY_CACHE_TTL_SECONDS = 0.0  # tests change replica states and expect them seen at once
 TRITON_FIRST_TOKEN_TIMEOUT_SECONDS = 30.0
 TRITON_TOKEN_TIMEOUT_SECONDS = 30.0

@@ -53,7 +53,7 @@ def live_server_url(django_db_setup, django_db_blocker):
         "REDIS_URL": settings.REDIS_URL,
         "REDIS_KEY_PREFIX": settings.REDIS_KEY_PREFIX,
         "API_KEY_CACHE_SECONDS": "1",
-        "REPLICA_LIST_TTL_SECONDS": "0",
+        "REGISTRY_CACHE_TTL_SECONDS": "0",
         "DEBUG": "false",
     }
     proc = start("daphne", ["-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
