@@ -23,7 +23,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m replica.launch", description=__doc__.splitlines()[0])
     parser.add_argument("--model", required=True, help="model name in Triton (one model version)")
     parser.add_argument("--weights", default="", help="GGUF file or Hugging Face directory (default: bundled SmolLM2)")
-    parser.add_argument("--dtype", choices=("bfloat16", "float32"), default=defaults.dtype)
+    parser.add_argument("--dtype", choices=("auto", "bfloat16", "float32"), default=defaults.dtype,
+                        help="auto: bfloat16 on CUDA; on a CPU the faster of bfloat16 and float32 (measured at load)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default=defaults.device)
     parser.add_argument("--kv-cache-bytes", type=int, default=defaults.kv_cache_bytes)
     parser.add_argument("--max-num-seqs", type=int, default=defaults.max_num_seqs)
     parser.add_argument("--max-num-batched-tokens", type=int, default=defaults.max_num_batched_tokens)
@@ -46,6 +48,7 @@ def spec_from_args(args: argparse.Namespace) -> ReplicaSpec:
         parameters=ModelParameters(
             weights=args.weights,
             dtype=args.dtype,
+            device=args.device,
             kv_cache_bytes=args.kv_cache_bytes,
             max_num_seqs=args.max_num_seqs,
             max_num_batched_tokens=args.max_num_batched_tokens,
@@ -69,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     except (LaunchError, ValueError, FileNotFoundError) as exc:
         print(f"replica launch failed: {exc}", file=sys.stderr, flush=True)
         if replica.pid is not None:
-            replica.stop(grace_s=0.0, kill_timeout_s=5.0)
+            replica.stop(grace_s=0.0, unload_timeout_s=5.0)
         return 2
     print(
         f"replica ready: model={args.model} grpc={args.grpc_port} http={args.http_port} "
@@ -81,12 +84,15 @@ def main(argv: list[str] | None = None) -> int:
         if replica.poll() is not None:
             print(f"replica failed: tritonserver exited with code {replica.poll()}\n{replica.log_tail()}",
                   file=sys.stderr, flush=True)
-            replica.stop(grace_s=0.0, kill_timeout_s=5.0)
+            replica.stop(grace_s=0.0, unload_timeout_s=5.0)
             return 1
     print(f"replica draining: grace {args.drain_grace_s:.1f}s", flush=True)
     code = replica.stop()
-    print(f"replica stopped: tritonserver exit code {code}", flush=True)
-    return 0 if code == 0 else 1
+    if replica.killed:
+        print("replica: tritonserver did not finish unloading the model after the drain; killed it",
+              file=sys.stderr, flush=True)
+    print(f"replica stopped: drained={replica.drained} tritonserver exit code {code}", flush=True)
+    return 0 if replica.drained else 1
 
 
 if __name__ == "__main__":

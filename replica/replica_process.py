@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from replica.backend.drain_watcher import drained_marker
 from replica.backend.model_parameters import ModelParameters
 from replica.repository_writer import write_model_repository
 from replica.triton_install import TritonInstall
@@ -64,6 +65,8 @@ class ReplicaProcess:
         self.workdir: Path | None = spec.workdir
         self.shm_prefix = f"replica{os.getpid()}_{secrets.token_hex(4)}_"
         self.weights_path = ""
+        self.killed = False
+        self._drained = False
 
     # ---- paths and addresses ------------------------------------------------------------------
 
@@ -108,6 +111,7 @@ class ReplicaProcess:
             self.workdir = Path(tempfile.mkdtemp(prefix=f"replica-{self.spec.model_name}-"))
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.drain_path.unlink(missing_ok=True)
+        Path(drained_marker(str(self.drain_path))).unlink(missing_ok=True)
         parameters = ModelParameters(
             **{
                 **self.spec.parameters.__dict__,
@@ -129,7 +133,7 @@ class ReplicaProcess:
             "--disable-auto-complete-config",
             "--allow-gpu-metrics=false",
             f"--backend-config=python,shm-region-prefix-name={self.shm_prefix}",
-            f"--exit-timeout-secs={int(self.spec.drain_grace_s) + 15}",
+            f"--exit-timeout-secs={int(self.spec.drain_grace_s) + 30}",
             "--log-verbose=0",
         ]
         env = install.environment(dict(os.environ), python_path=[str(_REPO_ROOT)])
@@ -173,24 +177,39 @@ class ReplicaProcess:
         tmp.write_text(f"{grace}\n", encoding="utf-8")
         tmp.replace(self.drain_path)  # atomic: the model never reads a half-written file
 
-    def stop(self, grace_s: float | None = None, kill_timeout_s: float = 20.0) -> int:
-        """Drain, SIGTERM, then SIGKILL the process group if needed; returns the exit code."""
+    def stop(self, grace_s: float | None = None, unload_timeout_s: float = 15.0) -> int:
+        """Drain, SIGTERM, and SIGKILL the process group if the server outlives the drain by
+        `unload_timeout_s`; returns the server's exit code. Afterwards `drained` tells whether
+        every stream ended before the server went away (nothing lost), `killed` whether SIGKILL
+        was needed (Triton 2.51 sometimes never finishes unloading the model)."""
         process = self._require_process()
         grace = self.spec.drain_grace_s if grace_s is None else grace_s
         if process.poll() is None:
             self.drain(grace)
-            _signal_quietly(process.pid, signal.SIGTERM)
+            _signal_quietly(process.pid, signal.SIGTERM)  # the server stops taking requests too
+            deadline = self._clock() + grace + 10.0  # the model aborts what is left at the grace
+            while process.poll() is None and not self.drained and self._clock() < deadline:
+                self._sleep(0.05)
             try:
-                process.wait(timeout=grace + kill_timeout_s)
+                process.wait(timeout=unload_timeout_s)
             except subprocess.TimeoutExpired:
-                pass
+                self.killed = True
+        self.drained = self.drained or process.returncode == 0
         _kill_group(process.pid)  # a stub orphaned by a crashed server goes too
         if process.poll() is None:
             process.wait(5.0)
         self._cleanup_shm()
-        if self._owns_workdir and process.returncode == 0 and self.workdir is not None:
+        if self._owns_workdir and self.drained and self.workdir is not None:
             shutil.rmtree(self.workdir, ignore_errors=True)
         return process.returncode
+
+    @property
+    def drained(self) -> bool:
+        return self._drained or (self.workdir is not None and os.path.exists(drained_marker(str(self.drain_path))))
+
+    @drained.setter
+    def drained(self, value: bool) -> None:
+        self._drained = value
 
     def shm_leftovers(self) -> list[str]:
         return sorted(glob.glob(f"/dev/shm/{self.shm_prefix}*"))

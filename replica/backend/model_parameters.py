@@ -16,6 +16,7 @@ _DEFAULTS = EngineConfig(model_path="")
 class ModelParameters:
     weights: str = ""  # "" = the bundled default model
     dtype: str = _DEFAULTS.dtype
+    device: str = _DEFAULTS.device  # "cpu" or "cuda" (torch device of the engine)
     kv_cache_bytes: int = _DEFAULTS.kv_cache_bytes
     max_num_seqs: int = _DEFAULTS.max_num_seqs
     max_num_batched_tokens: int = _DEFAULTS.max_num_batched_tokens
@@ -37,6 +38,7 @@ class ModelParameters:
         return EngineConfig(
             model_path=self.weights or default_weights,
             dtype=self.dtype,
+            device=self.device,
             kv_cache_bytes=self.kv_cache_bytes,
             max_num_seqs=self.max_num_seqs,
             max_num_batched_tokens=self.max_num_batched_tokens,

@@ -37,7 +37,7 @@ class ModelConfig:
 @dataclass
 class EngineConfig:
     model_path: str  # a GGUF file or a Hugging Face model directory
-    dtype: str = "bfloat16"  # or "float32"
+    dtype: str = "auto"  # bfloat16 | float32 | auto (the faster of the two here; see dtype.py)
     device: str = "cpu"
     block_size: int = 16
     kv_cache_bytes: int = 256 * 1024 * 1024

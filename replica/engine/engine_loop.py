@@ -32,6 +32,27 @@ class EngineUnavailableError(RuntimeError):
     """The loop takes no new work: draining, stopped, never started or dead."""
 
 
+@dataclass
+class LoopTiming:
+    """Cumulative seconds in `engine.step()` and in output callbacks (sending responses)."""
+
+    num_steps: int = 0
+    num_outputs: int = 0
+    step_s: float = 0.0
+    callback_s: float = 0.0
+
+    def record(self, step_s: float, callback_s: float, num_outputs: int) -> None:
+        self.num_steps += 1
+        self.num_outputs += num_outputs
+        self.step_s += step_s
+        self.callback_s += callback_s
+
+    def summary(self) -> str:
+        per_output_us = 1e6 * self.callback_s / max(1, self.num_outputs)
+        return (f"{self.num_steps} steps in {self.step_s:.2f}s, {self.num_outputs} outputs sent in "
+                f"{self.callback_s:.3f}s ({per_output_us:.0f} us per output)")
+
+
 @dataclass(frozen=True)
 class _Add:
     request_id: str
@@ -76,6 +97,8 @@ class EngineLoop:
         self._drain_deadline: float | None = None
         self._stop_requested = False
         self._error: BaseException | None = None
+        # Written by the loop thread only: where its time goes (engine steps vs. our callbacks).
+        self.timing = LoopTiming()
 
     # ---- called from any thread -------------------------------------------------------------
 
@@ -212,7 +235,11 @@ class EngineLoop:
                 if stop:
                     break
                 if self._engine.has_unfinished_requests():
-                    self._deliver(self._engine.step())
+                    started = time.perf_counter()
+                    outputs = self._engine.step()
+                    stepped = time.perf_counter()
+                    self._deliver(outputs)
+                    self.timing.record(stepped - started, time.perf_counter() - stepped, len(outputs))
                 was_busy, busy = busy, self._engine.has_unfinished_requests()
                 now = self._clock()
                 if self._on_tick is not None and (now - last_tick >= self._tick_interval_s or (was_busy and not busy)):

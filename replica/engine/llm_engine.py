@@ -10,6 +10,7 @@ from typing import Callable
 import torch
 
 from replica.engine.config import EngineConfig, ModelConfig
+from replica.engine.dtype import dtype_name, resolve_dtype
 from replica.engine.engine_core import EngineCore, EngineStats
 from replica.engine.kv.manager import KVCacheManager
 from replica.engine.models.llama import LlamaForCausalLM, rope_inv_freq
@@ -18,16 +19,7 @@ from replica.engine.runner.model_runner import ModelRunner, kv_bytes_per_block
 from replica.engine.sampling_params import SamplingParams
 from replica.engine.scheduler import Scheduler
 
-_DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
-
 __all__ = ["LLMEngine", "EngineStats"]
-
-
-def resolve_dtype(name: str) -> torch.dtype:
-    try:
-        return _DTYPES[name]
-    except KeyError:
-        raise ValueError(f"unsupported dtype {name!r}; use one of {sorted(_DTYPES)}") from None
 
 
 class LLMEngine:
@@ -36,8 +28,8 @@ class LLMEngine:
         self.config = config
         self.model_config = model_config
         self.tokenizer = tokenizer
-        dtype = resolve_dtype(config.dtype)
         device = torch.device(config.device)
+        dtype = next(model.parameters()).dtype
         num_blocks = config.kv_cache_bytes // kv_bytes_per_block(model_config, config.block_size, dtype)
         if num_blocks < 2:
             raise ValueError(
@@ -59,7 +51,8 @@ class LLMEngine:
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
         checkpoint = load_checkpoint(config.model_path)
-        model = build_model(checkpoint.config, checkpoint.state_dict, config.dtype, config.device)
+        dtype = dtype_name(resolve_dtype(config.dtype, config.device))
+        model = build_model(checkpoint.config, checkpoint.state_dict, dtype, config.device)
         return cls(config, checkpoint.config, model, checkpoint.tokenizer, **kwargs)
 
     # --- the request API -------------------------------------------------------------------
@@ -99,6 +92,6 @@ def build_model(model_config: ModelConfig, state_dict: dict[str, torch.Tensor], 
         model = LlamaForCausalLM(model_config)
     model = model.to_empty(device=device)
     model.load_weights(state_dict)
-    model = model.to(resolve_dtype(dtype)).eval().requires_grad_(False)
+    model = model.to(resolve_dtype(dtype, device)).eval().requires_grad_(False)
     model.inv_freq = rope_inv_freq(model_config).to(device)  # RoPE frequencies stay float32
     return model

@@ -347,9 +347,11 @@ def test_hf_directory_round_trip(tmp_path, tied, shard):
     assert c.eos_token_ids[0] == 2 and ck.tokenizer.eos_token_ids[0] == 2
 
 
-def test_hf_directory_errors(tmp_path):
+def test_hf_directory_errors(tmp_path, model_path):
     with pytest.raises(FileNotFoundError, match="config.json"):
         load_checkpoint(str(tmp_path))
+    with pytest.raises(FileNotFoundError, match="to load a GGUF file, pass its path"):
+        load_checkpoint(os.path.dirname(model_path))
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
     with pytest.raises(ValueError, match="model_type 'gpt2' is not supported"):
         load_checkpoint(str(tmp_path))

@@ -44,6 +44,7 @@ class Replica:
     process: subprocess.Popen
     grpc_url: str
     metrics_url: str
+    http_url: str
     server_pid: int
     lines: list[str] = field(default_factory=list)
 
@@ -100,7 +101,8 @@ def replica(tmp_path_factory):
         if line.startswith("replica ready:"):
             break
     server_pid = int(re.search(r"pid=(\d+)", seen[-1]).group(1))
-    handle = Replica(process, f"127.0.0.1:{grpc_port}", f"http://127.0.0.1:{metrics_port}/metrics", server_pid, seen)
+    handle = Replica(process, f"127.0.0.1:{grpc_port}", f"http://127.0.0.1:{metrics_port}/metrics",
+                     f"http://127.0.0.1:{http_port}", server_pid, seen)
     threading.Thread(target=lambda: [seen.append(x) for x in iter(lines.get, None)], daemon=True).start()
     yield handle
     if process.poll() is None:
@@ -132,13 +134,16 @@ async def _one(inputs):
 
 async def generate(client, text: str | None, max_tokens: int = 16, *, raw_params: str | None = None,
                    on_response=None) -> Generation:
-    """One request on its own gRPC stream; returns what came back (error instead of raising)."""
+    """One request on its own gRPC stream; returns what came back (error instead of raising).
+
+    Reads until the server ends the stream: cancelling right after the final response sometimes
+    left Triton 2.51 unable to unload the model at shutdown (measured)."""
     result = Generation()
     try:
         async for response, error in client.stream_infer(_one(_inputs(text, max_tokens, raw_params=raw_params))):
             if error is not None:
                 result.error = str(error)
-                break
+                continue
             result.num_responses += 1
             result.times.append(time.perf_counter())
             result.text += response.as_numpy("text_output")[0].decode()
@@ -147,7 +152,6 @@ async def generate(client, text: str | None, max_tokens: int = 16, *, raw_params
             if response.as_numpy("final")[0]:
                 result.finish_reason = response.as_numpy("finish_reason")[0].decode()
                 result.num_output_tokens = int(response.as_numpy("num_output_tokens")[0])
-                break
     except InferenceServerException as exc:
         result.error = str(exc)
     except Exception as exc:  # grpc.aio errors during server shutdown
@@ -249,6 +253,20 @@ async def test_prompt_over_the_context_window_errors(replica):
     await client.close()
     assert too_long.error is not None and "invalid request:" in too_long.error and "context window" in too_long.error
     assert fine.error is None and fine.num_output_tokens == 4
+
+
+def test_non_streaming_http_generate_returns_the_whole_text_with_the_prompt(replica):
+    """stream=false: one response, so Triton's plain HTTP /generate works; like the vLLM backend,
+    the prompt is then included unless exclude_input_in_output is true."""
+    def post(body: dict) -> dict:
+        request = urllib.request.Request(f"{replica.http_url}/v2/models/{MODEL}/generate", data=json.dumps(body).encode())
+        return json.loads(urllib.request.urlopen(request, timeout=120).read())
+
+    params = json.dumps({"max_tokens": 6, "temperature": 0, "ignore_eos": True})
+    whole = post({"text_input": PROMPTS[6], "stream": False, "sampling_parameters": params})
+    bare = post({"text_input": PROMPTS[6], "stream": False, "exclude_input_in_output": True, "sampling_parameters": params})
+    assert whole["final"] is True and whole["finish_reason"] == "length" and whole["num_output_tokens"] == 6
+    assert bare["text_output"] and whole["text_output"] == PROMPTS[6] + bare["text_output"]
 
 
 def test_missing_weights_fails_at_launch_with_a_clear_message(tmp_path):

@@ -19,7 +19,7 @@ class ByteDecoder:
     eos_token_ids = (2,)
 
     def decode(self, ids, skip_special_tokens: bool = True) -> str:
-        return bytes(i for i in ids if i >= 3).decode("utf-8", errors="replace")
+        return bytes(i % 256 for i in ids if i >= 3).decode("utf-8", errors="replace")
 
 
 def hf_config(c: ModelConfig):

@@ -78,7 +78,7 @@ class Attention(nn.Module):
         q = q * cos + rotate_half(q) * sin  # cos, sin: [T, 1, hd]
         k = k * cos + rotate_half(k) * sin
         write_kv(k_pool, v_pool, k, v, meta.slot_mapping)
-        o = paged_attention(q, k_pool, v_pool, meta, self.scale)
+        o = paged_attention(q, k, v, k_pool, v_pool, meta, self.scale)
         return self.o_proj(o.reshape(t, self.num_heads * self.head_dim))
 
 

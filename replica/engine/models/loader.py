@@ -40,6 +40,10 @@ def load_checkpoint(path: str | os.PathLike) -> LoadedCheckpoint:
     """
     path = os.fspath(path)
     if os.path.isdir(path):
+        ggufs = sorted(f for f in os.listdir(path) if f.endswith(".gguf"))
+        if ggufs and not os.path.isfile(os.path.join(path, "config.json")):
+            raise FileNotFoundError(f"{path} is not a Hugging Face directory (no config.json); "
+                                    f"to load a GGUF file, pass its path: {os.path.join(path, ggufs[0])}")
         config = hf_model_config(path)
         state_dict = hf_state_dict(path, config)
         tokenizer = Tokenizer.from_hf_dir(path)

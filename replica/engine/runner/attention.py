@@ -8,6 +8,7 @@ causal mask offset by the tokens already in its context.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -27,7 +28,9 @@ class AttentionMetadata:
     decode_token_idx: torch.Tensor | None  # [B] long: flat index of each decode token
     decode_block_tables: torch.Tensor | None  # [B, max_blocks] long, padded with block 0
     decode_mask: torch.Tensor | None  # [B, 1, 1, max_blocks * block_size] bool: True = attend
+    decode_context_lens: torch.Tensor | None  # [B] long
     prefills: list[PrefillSeq]
+    native: Any = None  # a native.NativeAttention for float32 on the CPU, else None
 
 
 def write_kv(k_pool: torch.Tensor, v_pool: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor) -> None:
@@ -45,25 +48,36 @@ def _gather(pool: torch.Tensor, block_ids: torch.Tensor) -> torch.Tensor:
 
 def paged_attention(
     q: torch.Tensor,  # [T, nh, hd]
+    k: torch.Tensor,  # [T, kvh, hd]: this step's keys and values (already written to the pools)
+    v: torch.Tensor,
     k_pool: torch.Tensor,
     v_pool: torch.Tensor,
     meta: AttentionMetadata,
     scale: float,
 ) -> torch.Tensor:  # [T, nh, hd]
+    if meta.native is not None and not meta.prefills and meta.decode_token_idx is not None:
+        # a pure decode step: token i of the batch is sequence i's query
+        return meta.native.decode(q, k_pool, v_pool, meta.decode_block_tables, meta.decode_context_lens, scale)
     out = torch.empty_like(q)
-    if meta.decode_token_idx is not None:
+    if meta.decode_token_idx is not None and meta.native is not None:
+        od = meta.native.decode(q[meta.decode_token_idx], k_pool, v_pool, meta.decode_block_tables,
+                                meta.decode_context_lens, scale)  # [B, nh, hd]
+        out[meta.decode_token_idx] = od
+    elif meta.decode_token_idx is not None:
         qd = q[meta.decode_token_idx].unsqueeze(2)  # [B, nh, 1, hd]
         kd = _gather(k_pool, meta.decode_block_tables)  # [B, kvh, L, hd]
         vd = _gather(v_pool, meta.decode_block_tables)
         od = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=meta.decode_mask, scale=scale, enable_gqa=True)
         out[meta.decode_token_idx] = od.squeeze(2)
     for seq in meta.prefills:
-        qp = q[seq.query_start : seq.query_start + seq.query_len].transpose(0, 1).unsqueeze(0)  # [1, nh, n, hd]
-        kp = _gather(k_pool, seq.block_ids)[:, : seq.context_len].unsqueeze(0)  # [1, kvh, ctx, hd]
-        vp = _gather(v_pool, seq.block_ids)[:, : seq.context_len].unsqueeze(0)
-        if seq.context_len == seq.query_len:
+        rows = slice(seq.query_start, seq.query_start + seq.query_len)
+        qp = q[rows].transpose(0, 1).unsqueeze(0)  # [1, nh, n, hd]
+        if seq.context_len == seq.query_len:  # nothing cached before this chunk: no gather
+            kp, vp = k[rows].transpose(0, 1).unsqueeze(0), v[rows].transpose(0, 1).unsqueeze(0)
             op = F.scaled_dot_product_attention(qp, kp, vp, is_causal=True, scale=scale, enable_gqa=True)
         else:
+            kp = _gather(k_pool, seq.block_ids)[:, : seq.context_len].unsqueeze(0)  # [1, kvh, ctx, hd]
+            vp = _gather(v_pool, seq.block_ids)[:, : seq.context_len].unsqueeze(0)
             # query i sits at position context_len - query_len + i and sees keys up to it
             offset = seq.context_len - seq.query_len
             rows = torch.arange(seq.query_len, device=q.device).unsqueeze(1) + offset

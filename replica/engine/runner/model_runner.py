@@ -9,6 +9,7 @@ import torch
 
 from replica.engine.config import ModelConfig
 from replica.engine.models.llama import LlamaForCausalLM
+from replica.engine.runner import native
 from replica.engine.runner.attention import AttentionMetadata, PrefillSeq
 from replica.engine.runner.sampler import Sampler
 from replica.engine.scheduler import SchedulerOutput
@@ -38,6 +39,8 @@ class ModelRunner:
             for _ in range(c.num_layers)
         ]
         self.sampler = Sampler()
+        use_native = device.type == "cpu" and dtype == torch.float32
+        self.native_attention = native.load() if use_native else None
 
     def _prepare(self, out: SchedulerOutput):
         bs = self.block_size
@@ -80,7 +83,9 @@ class ModelRunner:
             decode_token_idx=None,
             decode_block_tables=None,
             decode_mask=None,
+            decode_context_lens=None,
             prefills=prefills,
+            native=self.native_attention,
         )
         if decode_idx:
             max_blocks = max(len(t) for t in decode_tables)
@@ -88,8 +93,10 @@ class ModelRunner:
             meta.decode_token_idx = torch.tensor(decode_idx, dtype=torch.long, device=dev)
             meta.decode_block_tables = torch.tensor(padded, dtype=torch.long, device=dev)
             lens = torch.tensor(decode_lens, dtype=torch.long, device=dev)
-            cols = torch.arange(max_blocks * bs, device=dev)
-            meta.decode_mask = (cols.unsqueeze(0) < lens.unsqueeze(1)).view(len(decode_idx), 1, 1, -1)
+            meta.decode_context_lens = lens
+            if self.native_attention is None:
+                cols = torch.arange(max_blocks * bs, device=dev)
+                meta.decode_mask = (cols.unsqueeze(0) < lens.unsqueeze(1)).view(len(decode_idx), 1, 1, -1)
         return (
             torch.tensor(input_ids, dtype=torch.long, device=dev),
             torch.tensor(positions, dtype=torch.long, device=dev),

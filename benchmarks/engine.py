@@ -1,0 +1,205 @@
+"""Engine throughput: our engine vs transformers `generate` with static batches, side by side.
+
+    python -m benchmarks.engine [--out FILE.json] [--num-requests 256] [--device cpu|cuda]
+
+One process, one run, the same model (the bundled SmolLM2), the same dtype and the same
+workload: long-tailed prompt and output lengths (fixed seed), half the requests starting with
+one shared ~300-token system prompt. Every request asks for exactly its output length
+(ignore_eos), so both sides produce the same useful tokens; a static batch also computes the
+steps its shorter members no longer need, which is the waste continuous batching removes.
+
+Also measured in the same run: the roofline, i.e. the time of the model's matrix products
+alone for a full batch (FLOP/s of this machine in this dtype / (2 x parameters)), and what
+fraction of it our engine reaches while its batch is full.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import sys
+import time
+
+import torch
+
+from replica.engine.config import EngineConfig
+from replica.engine.dtype import dtype_name, resolve_dtype
+from replica.engine.llm_engine import LLMEngine, build_model
+from replica.engine.models.loader import default_model_path, load_checkpoint
+from replica.engine.sampling_params import SamplingParams
+
+SYSTEM_WORDS = ("policy", "customer", "answer", "briefly", "politely", "refund", "order", "account",
+                "support", "shipping", "invoice", "warranty", "product", "service", "help")
+
+
+def make_workload(tokenizer, num_requests: int, seed: int, max_output: int):
+    rng = random.Random(seed)
+    system = " ".join(rng.choice(SYSTEM_WORDS) for _ in range(400))
+    system_ids = tokenizer.encode(system)[:300]
+    requests = []
+    for i in range(num_requests):
+        user_len = int(min(max(rng.lognormvariate(math.log(48), 0.9), 4), 600))
+        output_len = int(min(max(rng.lognormvariate(math.log(40), 0.8), 4), max_output))
+        user = [rng.randrange(100, tokenizer.vocab_size - 100) for _ in range(user_len)]
+        prompt = (system_ids + user) if i % 2 == 0 else user
+        requests.append((prompt, output_len))
+    return requests
+
+
+def run_ours(engine: LLMEngine, workload, max_num_seqs: int) -> dict:
+    for i, (prompt, out_len) in enumerate(workload):
+        engine.add_request(f"r{i}", prompt, SamplingParams(max_tokens=out_len, temperature=0.0, ignore_eos=True))
+    full_tokens, full_time, produced = 0, 0.0, 0
+    start = time.perf_counter()
+    while engine.has_unfinished_requests():
+        running = len(engine.core.scheduler.running)
+        t0 = time.perf_counter()
+        outputs = engine.step()
+        dt = time.perf_counter() - t0
+        produced += sum(len(o.new_token_ids) for o in outputs)
+        if running == max_num_seqs and len(engine.core.scheduler.running) == max_num_seqs:
+            full_tokens += len(outputs)
+            full_time += dt
+        print(f"\r  ours: {produced} tokens, {len(engine.core.scheduler.running)} running, "
+              f"{len(engine.core.scheduler.waiting)} waiting   ", end="", file=sys.stderr, flush=True)
+    elapsed = time.perf_counter() - start
+    print(file=sys.stderr)
+    stats = engine.stats()
+    return {
+        "seconds": elapsed,
+        "output_tokens": produced,
+        "tokens_per_s": produced / elapsed,
+        "full_batch_tokens_per_s": full_tokens / full_time if full_time else None,
+        "prefix_hit_tokens": stats.prefix_hit_tokens,
+        "preemptions": stats.num_preemptions,
+    }
+
+
+def run_baseline(hf, workload, batch_size: int, device: str) -> dict:
+    useful, computed = 0, 0
+    start = time.perf_counter()
+    for b in range(0, len(workload), batch_size):
+        batch = workload[b : b + batch_size]
+        width = max(len(p) for p, _ in batch)
+        ids = torch.zeros(len(batch), width, dtype=torch.long)
+        mask = torch.zeros(len(batch), width, dtype=torch.long)
+        for row, (prompt, _) in enumerate(batch):  # left padding, as decoder-only generate wants
+            ids[row, width - len(prompt):] = torch.tensor(prompt)
+            mask[row, width - len(prompt):] = 1
+        steps = max(n for _, n in batch)
+        with torch.no_grad():
+            hf.generate(ids.to(device), attention_mask=mask.to(device), max_new_tokens=steps, min_new_tokens=steps,
+                        do_sample=False, eos_token_id=None, pad_token_id=0)
+        useful += sum(n for _, n in batch)
+        computed += steps * len(batch)
+        print(f"\r  transformers: batch {b // batch_size + 1}/{math.ceil(len(workload) / batch_size)}",
+              end="", file=sys.stderr, flush=True)
+    elapsed = time.perf_counter() - start
+    print(file=sys.stderr)
+    return {"seconds": elapsed, "output_tokens": useful, "computed_tokens": computed,
+            "tokens_per_s": useful / elapsed}
+
+
+def measure_roofline(model, batch: int, reps: int = 5) -> dict:
+    """The model's own matrix products for one full decode batch, timed alone."""
+    weights = [m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    weights.append(model.model.embed_tokens.weight if model.config.tie_word_embeddings else model.lm_head.weight)
+    dtype, device = weights[0].dtype, weights[0].device
+    x = {w.shape[1]: torch.randn(batch, w.shape[1], dtype=dtype, device=device) for w in weights}
+    flops = sum(2 * batch * w.numel() for w in weights)
+    best = float("inf")
+    with torch.inference_mode():
+        for _ in range(reps):
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for w in weights:
+                torch.nn.functional.linear(x[w.shape[1]], w)
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            best = min(best, time.perf_counter() - t0)
+    params = sum(w.numel() for w in weights)
+    return {"matmul_flops_per_s": flops / best, "parameters": params,
+            "roofline_tokens_per_s": flops / best / (2 * params)}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", help="write the results as JSON here")
+    parser.add_argument("--num-requests", type=int, default=256)
+    parser.add_argument("--max-output", type=int, default=256, help="cap on one request's output tokens")
+    parser.add_argument("--dtype", default="auto", help="auto (the faster here) | float32 | bfloat16")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--max-num-seqs", type=int, default=64)
+    parser.add_argument("--max-num-batched-tokens", type=int, default=512)
+    parser.add_argument("--baseline-batch", type=int, default=32)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+
+    dtype = dtype_name(resolve_dtype(args.dtype, args.device))
+    print(f"loading SmolLM2 ({dtype}, {args.device}) ...", file=sys.stderr)
+    ckpt = load_checkpoint(default_model_path())
+    workload = make_workload(ckpt.tokenizer, args.num_requests, args.seed, args.max_output)
+    prompt_tokens = sum(len(p) for p, _ in workload)
+    output_tokens = sum(n for _, n in workload)
+    print(f"workload: {len(workload)} requests, {prompt_tokens} prompt tokens, {output_tokens} output tokens",
+          file=sys.stderr)
+
+    model = build_model(ckpt.config, ckpt.state_dict, dtype, args.device)
+    kv_bytes = 2 * 1024**3 if args.device == "cpu" else 16 * 1024**3
+    config = EngineConfig(model_path=default_model_path(), dtype=dtype, device=args.device, kv_cache_bytes=kv_bytes,
+                          max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens)
+    engine = LLMEngine(config, ckpt.config, model, ckpt.tokenizer)
+    roofline = measure_roofline(model, args.max_num_seqs)
+    ours = run_ours(engine, workload, args.max_num_seqs)
+    del engine
+
+    from transformers import LlamaForCausalLM as HFLlama
+
+    from tests.replica.tiny_llama import hf_config
+
+    hf = HFLlama(hf_config(ckpt.config)).eval()
+    hf.load_state_dict(ckpt.state_dict, strict=False)
+    hf.tie_weights()
+    hf = hf.to(device=args.device, dtype=resolve_dtype(dtype, args.device))
+    baseline = run_baseline(hf, workload, args.baseline_batch, args.device)
+
+    result = {
+        "model": "SmolLM2-135M-Instruct (Q4_1 GGUF, dequantised)",
+        "dtype": dtype,
+        "device": args.device,
+        "num_requests": len(workload),
+        "prompt_tokens": prompt_tokens,
+        "output_tokens": output_tokens,
+        "ours_tokens_per_s": ours["tokens_per_s"],
+        "baseline_tokens_per_s": baseline["tokens_per_s"],
+        "ratio": ours["tokens_per_s"] / baseline["tokens_per_s"],
+        "roofline_tokens_per_s": roofline["roofline_tokens_per_s"],
+        "matmul_flops_per_s": roofline["matmul_flops_per_s"],
+        "ours_full_batch_tokens_per_s": ours["full_batch_tokens_per_s"],
+        "roofline_fraction": (ours["full_batch_tokens_per_s"] or 0.0) / roofline["roofline_tokens_per_s"],
+        "ours": ours,
+        "baseline": baseline,
+        "settings": vars(args),
+    }
+    rows = [
+        ("ours (continuous batching)", f"{ours['tokens_per_s']:.1f} tok/s", f"{ours['seconds']:.1f} s"),
+        (f"transformers static batch {args.baseline_batch}", f"{baseline['tokens_per_s']:.1f} tok/s",
+         f"{baseline['seconds']:.1f} s"),
+        ("ratio", f"{result['ratio']:.2f}x", ""),
+        ("roofline (matmuls alone)", f"{roofline['roofline_tokens_per_s']:.1f} tok/s",
+         f"{roofline['matmul_flops_per_s'] / 1e9:.1f} GFLOP/s"),
+        ("ours at full batch", f"{(ours['full_batch_tokens_per_s'] or 0):.1f} tok/s",
+         f"{result['roofline_fraction']:.2f} of roofline"),
+    ]
+    for name, a, b in rows:
+        print(f"{name:<34} {a:>16} {b:>24}")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=2)
+    return result
+
+
+if __name__ == "__main__":
+    main()

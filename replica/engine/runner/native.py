@@ -1,0 +1,79 @@
+"""The C decode-attention kernel (csrc/paged_attention.c), compiled once per machine and source.
+
+Compiled with the system C compiler into a cache folder keyed by the source hash; loaded with
+ctypes (calls release the GIL). Where no compiler is found or the build fails, `load()` returns
+None and the runner keeps the PyTorch path, so nothing depends on it being there.
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+_SOURCE = Path(__file__).parent / "csrc" / "paged_attention.c"
+_FLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp", "-shared", "-fPIC"]
+
+
+def _cache_dir() -> Path:
+    root = os.environ.get("LLM_PLATFORM_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "llm-platform")
+    return Path(root) / "native"
+
+
+def _build(target: Path) -> bool:
+    cc = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
+    if cc is None:
+        log.warning("no C compiler found; decode attention uses the PyTorch path")
+        return False
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        tmp_out = Path(tmp) / target.name
+        result = subprocess.run([cc, *_FLAGS, str(_SOURCE), "-o", str(tmp_out), "-lm"],
+                                capture_output=True, text=True)
+        if result.returncode != 0:
+            log.warning("building %s failed; decode attention uses the PyTorch path:\n%s", _SOURCE.name, result.stderr)
+            return False
+        os.replace(tmp_out, target)  # atomic: concurrent builders never load a half-written file
+    return True
+
+
+class NativeAttention:
+    def __init__(self, lib: ctypes.CDLL) -> None:
+        fn = lib.paged_decode_attention
+        fn.restype = None
+        fn.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 6 + [ctypes.c_float]
+        self._fn = fn
+
+    def decode(self, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
+               block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float) -> torch.Tensor:
+        # q: [B, nh, hd] float32 contiguous; pools: [num_blocks, bs, kvh, hd]; -> [B, nh, hd]
+        q = q.contiguous()
+        out = torch.empty_like(q)
+        b, nh, hd = q.shape
+        _, bs, kvh, _ = k_pool.shape
+        self._fn(q.data_ptr(), k_pool.data_ptr(), v_pool.data_ptr(), block_tables.data_ptr(),
+                 context_lens.data_ptr(), out.data_ptr(), b, nh, kvh, hd, bs, block_tables.shape[1], scale)
+        return out
+
+
+def load() -> NativeAttention | None:
+    if os.environ.get("LLM_PLATFORM_NO_NATIVE"):
+        return None
+    source = _SOURCE.read_bytes()
+    key = hashlib.sha256(source + " ".join(_FLAGS).encode()).hexdigest()[:16]
+    target = _cache_dir() / f"paged_attention-{key}.so"
+    if not target.exists() and not _build(target):
+        return None
+    try:
+        return NativeAttention(ctypes.CDLL(str(target)))
+    except OSError as exc:
+        log.warning("loading %s failed (%s); decode attention uses the PyTorch path", target, exc)
+        return None
