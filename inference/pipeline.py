@@ -1,0 +1,141 @@
+"""Everything before the router: authenticate, validate, resolve the model, tokenize, claim
+the Idempotency-Key. Shared by the HTTP views and the WebSocket consumer."""
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from dataclasses import dataclass
+
+from asgiref.sync import sync_to_async
+from django.conf import settings
+
+from inference.container import Container
+from inference.errors import (
+    InvalidRequest,
+    NotFound,
+    PayloadTooLarge,
+    ServiceUnavailable,
+    Unauthorized,
+)
+from inference.idempotency import Claim, Replay, fingerprint, validate_key
+from inference.schemas import GenerationRequest, parse_request
+from models_registry.selectors import ServingVersion
+from tenants.auth import AuthenticationFailed, Principal, authenticate, bearer_token
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MAX_TOKENS = 256
+# Prompts longer than this are tokenized off the event loop.
+INLINE_TOKENIZE_CHARS = 4096
+
+
+@dataclass(frozen=True)
+class Prepared:
+    request_id: str
+    principal: Principal
+    target: ServingVersion
+    request: GenerationRequest
+    prompt_text: str
+    prompt_token_ids: tuple[int, ...]
+    max_tokens: int
+    claim: Claim | None  # None: no Idempotency-Key
+
+
+@dataclass(frozen=True)
+class Replayed:
+    request: GenerationRequest
+    result: dict
+
+
+async def authenticate_header(container: Container, authorization: str | None) -> Principal:
+    token = bearer_token(authorization)
+    if token is None:
+        raise Unauthorized("Missing API key: send 'Authorization: Bearer <key>'.",
+                           code="missing_api_key")
+    try:
+        return await authenticate(token, container.redis, container.key_prefix,
+                                  settings.API_KEY_CACHE_SECONDS)
+    except AuthenticationFailed as exc:
+        raise Unauthorized(str(exc)) from exc
+
+
+def decode_body(raw_body: bytes) -> object:
+    if len(raw_body) > settings.API_MAX_BODY_BYTES:
+        raise PayloadTooLarge(f"The request body exceeds {settings.API_MAX_BODY_BYTES} bytes.")
+    try:
+        return json.loads(raw_body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise InvalidRequest(f"Malformed JSON body: {exc}", code="invalid_json") from exc
+
+
+async def _tokenize(container: Container, target: ServingVersion, request: GenerationRequest):
+    try:
+        tokenizer = await container.tokenizers.aget(target.tokenizer, target.weights_uri)
+    except (OSError, ImportError, ValueError, KeyError) as exc:
+        logger.exception("cannot load the tokenizer of %s", target.model_name)
+        raise ServiceUnavailable(f"The model '{target.model_name}' is not available right now.",
+                                 code="model_unavailable",
+                                 headers={"Retry-After": "30"}) from exc
+
+    def render_and_encode() -> tuple[str, list[int]]:
+        if request.messages is None:
+            return request.prompt, tokenizer.encode(request.prompt)
+        messages = list(request.messages)
+        try:
+            text = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+            return text, tokenizer.encode_chat(messages, add_generation_prompt=True)
+        except ValueError as exc:  # the model's template rejects these messages
+            raise InvalidRequest(f"messages: {exc}", param="messages") from exc
+
+    size = sum(len(m["content"]) for m in request.messages) if request.messages else len(request.prompt)
+    if size <= INLINE_TOKENIZE_CHARS:
+        return render_and_encode()
+    return await sync_to_async(render_and_encode, thread_sensitive=False)()
+
+
+def _max_tokens(request: GenerationRequest, num_prompt_tokens: int, context_length: int) -> int:
+    room = context_length - num_prompt_tokens
+    asked = request.sampling.max_tokens
+    if asked is None:
+        if room < 1:
+            raise InvalidRequest(
+                f"The prompt has {num_prompt_tokens} tokens; the context window is "
+                f"{context_length}.", code="context_length_exceeded", param="messages")
+        return min(DEFAULT_MAX_TOKENS, room)
+    if num_prompt_tokens + asked > context_length:
+        raise InvalidRequest(
+            f"The prompt ({num_prompt_tokens} tokens) plus max_tokens ({asked}) exceeds the "
+            f"model's context window of {context_length} tokens.",
+            code="context_length_exceeded", param="max_tokens")
+    return asked
+
+
+async def prepare(container: Container, endpoint: str, authorization: str | None,
+                  body: object, idempotency_key: str | None) -> Prepared | Replayed:
+    """Raises ApiError subclasses for every refusal (401, 400, 404, 409, 422)."""
+    principal = await authenticate_header(container, authorization)
+    request = parse_request(endpoint, body)
+    target = await container.catalog.get(request.model, principal.tenant_id)
+    if target is None:
+        raise NotFound(f"The model '{request.model}' does not exist or you do not have access "
+                       "to it.", param="model")
+    prompt_text, prompt_ids = await _tokenize(container, target, request)
+    max_tokens = _max_tokens(request, len(prompt_ids), target.context_length)
+    claim = None
+    if idempotency_key is not None:
+        outcome = await container.idempotency.begin(
+            principal.tenant_id, validate_key(idempotency_key), fingerprint(endpoint, body))
+        if isinstance(outcome, Replay):
+            return Replayed(request=request, result=outcome.result)
+        claim = outcome
+    return Prepared(
+        request_id=uuid.uuid4().hex,
+        principal=principal,
+        target=target,
+        request=request,
+        prompt_text=prompt_text,
+        prompt_token_ids=tuple(prompt_ids),
+        max_tokens=max_tokens,
+        claim=claim,
+    )

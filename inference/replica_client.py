@@ -1,0 +1,60 @@
+"""What the platform needs from a replica, independent of the wire protocol.
+
+Invariants of `ReplicaClient.stream`:
+- chunks arrive in order; exactly one has `final=True` and it is the last;
+- closing the iterator early (aclose, or cancelling the task that awaits it) cancels the
+  request on the replica, which frees its sequence;
+- failures raise `ReplicaUnavailable` (never reached / connection lost), `ReplicaRejected`
+  (the replica refused the input: a client error) or `ReplicaStreamError` (anything else).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import AsyncIterator, Protocol
+
+
+@dataclass(frozen=True)
+class ReplicaRequest:
+    request_id: str
+    model_name: str  # the model's name in the replica's Triton repository
+    prompt_text: str
+    prompt_token_ids: tuple[int, ...] | None  # sent as `input_ids` when given
+    max_tokens: int
+    temperature: float
+    top_p: float
+    seed: int | None
+    stop: tuple[str, ...]
+    priority: int  # lower first
+    tenant: str  # fair-share unit and prefix-cache salt
+
+
+@dataclass(frozen=True)
+class ReplicaChunk:
+    text: str  # the text delta (may be empty)
+    finish_reason: str  # "" until the final chunk, then stop | length | abort
+    num_input_tokens: int
+    num_output_tokens: int
+    num_cached_tokens: int
+    final: bool
+
+
+class ReplicaError(Exception):
+    pass
+
+
+class ReplicaUnavailable(ReplicaError):
+    pass
+
+
+class ReplicaRejected(ReplicaError):
+    pass
+
+
+class ReplicaStreamError(ReplicaError):
+    pass
+
+
+class ReplicaClient(Protocol):
+    def stream(self, address: str, request: ReplicaRequest) -> AsyncIterator[ReplicaChunk]: ...
+
+    async def close(self) -> None: ...

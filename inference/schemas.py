@@ -1,0 +1,206 @@
+"""Request validation (DRF serializers) into one normalized `GenerationRequest`.
+
+Types are strict: a string where a number belongs is a 400, not a silent coercion.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rest_framework import serializers
+
+from inference.errors import InvalidRequest
+
+MAX_STOP_SEQUENCES = 4
+ROLES = ("system", "developer", "user", "assistant", "tool")
+
+
+@dataclass(frozen=True)
+class Sampling:
+    max_tokens: int | None  # None: the rest of the context window, up to a default
+    temperature: float
+    top_p: float
+    seed: int | None
+    stop: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    endpoint: str  # "generate" | "chat" | "completions"
+    model: str
+    messages: tuple[dict, ...] | None  # [{"role", "content": str}] for chat-style endpoints
+    prompt: str | None  # raw text for /v1/completions
+    sampling: Sampling
+    stream: bool
+    include_usage: bool
+
+
+class StrictIntegerField(serializers.IntegerField):
+    def to_internal_value(self, data):
+        if isinstance(data, bool) or not isinstance(data, int):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
+class StrictFloatField(serializers.FloatField):
+    def to_internal_value(self, data):
+        if isinstance(data, bool) or not isinstance(data, (int, float)):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
+class StrictBooleanField(serializers.BooleanField):
+    def to_internal_value(self, data):
+        if not isinstance(data, bool):
+            self.fail("invalid", input=data)
+        return data
+
+
+class StrictCharField(serializers.CharField):
+    def to_internal_value(self, data):
+        if not isinstance(data, str):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
+class StopField(serializers.Field):
+    """`stop`: a string or a list of up to four strings."""
+
+    def to_internal_value(self, data):
+        if data is None:
+            return ()
+        if isinstance(data, str):
+            data = [data]
+        if not isinstance(data, list) or not all(isinstance(s, str) and s for s in data):
+            raise serializers.ValidationError("must be a non-empty string or a list of them")
+        if len(data) > MAX_STOP_SEQUENCES:
+            raise serializers.ValidationError(f"at most {MAX_STOP_SEQUENCES} stop sequences")
+        return tuple(data)
+
+
+class ContentField(serializers.Field):
+    """Message content: a string, or a list of `{"type": "text", "text": ...}` parts."""
+
+    def to_internal_value(self, data):
+        if isinstance(data, str):
+            return data
+        if isinstance(data, list):
+            texts = []
+            for part in data:
+                if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(
+                    part.get("text"), str
+                ):
+                    raise serializers.ValidationError("only text content parts are supported")
+                texts.append(part["text"])
+            return "".join(texts)
+        raise serializers.ValidationError("must be a string or a list of text parts")
+
+
+class MessageSerializer(serializers.Serializer):
+    role = serializers.ChoiceField(choices=ROLES)
+    content = ContentField()
+
+
+class StreamOptionsSerializer(serializers.Serializer):
+    include_usage = StrictBooleanField(required=False, default=False)
+
+
+class _SamplingSerializer(serializers.Serializer):
+    model = StrictCharField(max_length=100)
+    max_tokens = StrictIntegerField(required=False, allow_null=True, min_value=1)
+    temperature = StrictFloatField(required=False, allow_null=True, min_value=0.0, max_value=2.0)
+    top_p = StrictFloatField(required=False, allow_null=True, min_value=0.0, max_value=1.0)
+    seed = StrictIntegerField(required=False, allow_null=True)
+    stop = StopField(required=False, allow_null=True)
+    stream = StrictBooleanField(required=False, allow_null=True, default=False)
+    stream_options = StreamOptionsSerializer(required=False, allow_null=True)
+    n = StrictIntegerField(required=False, allow_null=True, min_value=1, max_value=1)
+
+    def validate_top_p(self, value):
+        if value is not None and value <= 0.0:
+            raise serializers.ValidationError("must be greater than 0")
+        return value
+
+
+class GenerateSerializer(_SamplingSerializer):
+    messages = serializers.ListField(child=MessageSerializer(), min_length=1, max_length=1024)
+
+
+class ChatSerializer(GenerateSerializer):
+    max_completion_tokens = StrictIntegerField(required=False, allow_null=True, min_value=1)
+
+
+class CompletionsSerializer(_SamplingSerializer):
+    prompt = serializers.JSONField()
+    echo = StrictBooleanField(required=False, allow_null=True, default=False)
+
+    def validate_prompt(self, value):
+        if isinstance(value, list) and len(value) == 1:
+            value = value[0]
+        if not isinstance(value, str) or value == "":
+            raise serializers.ValidationError("must be a non-empty string")
+        return value
+
+    def validate_echo(self, value):
+        if value:
+            raise serializers.ValidationError("echo is not supported")
+        return value
+
+
+SERIALIZERS = {
+    "generate": GenerateSerializer,
+    "chat": ChatSerializer,
+    "completions": CompletionsSerializer,
+}
+
+
+def _first_error(errors, path: str = "") -> tuple[str, str]:
+    """(param, message) of the first DRF error, with a dotted path like `messages.0.role`."""
+    if isinstance(errors, dict):
+        key, value = next(iter(errors.items()))
+        sub = "" if key == "non_field_errors" else str(key)
+        return _first_error(value, f"{path}.{sub}".strip(".") if sub else path)
+    if isinstance(errors, list) and errors:
+        first = errors[0]
+        if isinstance(first, (dict, list)):
+            for index, item in enumerate(errors):
+                if item:
+                    return _first_error(item, f"{path}.{index}".strip("."))
+        return path, str(first)
+    return path, str(errors)
+
+
+def parse_request(endpoint: str, body: object) -> GenerationRequest:
+    """Validate a decoded JSON body for `endpoint`, or raise InvalidRequest (400)."""
+    if not isinstance(body, dict):
+        raise InvalidRequest("The request body must be a JSON object.")
+    serializer = SERIALIZERS[endpoint](data=body)
+    if not serializer.is_valid():
+        param, message = _first_error(serializer.errors)
+        raise InvalidRequest(f"{param}: {message}" if param else message, param=param or None)
+    data = serializer.validated_data
+    max_tokens = data.get("max_tokens")
+    if endpoint == "chat" and data.get("max_completion_tokens") is not None:
+        max_tokens = data["max_completion_tokens"]
+    if endpoint == "completions" and max_tokens is None:
+        max_tokens = 16  # OpenAI's default for the legacy completions endpoint
+    temperature = data.get("temperature")
+    top_p = data.get("top_p")
+    stream_options = data.get("stream_options") or {}
+    messages = None
+    if endpoint != "completions":
+        messages = tuple({"role": m["role"], "content": m["content"]} for m in data["messages"])
+    return GenerationRequest(
+        endpoint=endpoint,
+        model=data["model"],
+        messages=messages,
+        prompt=data.get("prompt") if endpoint == "completions" else None,
+        sampling=Sampling(
+            max_tokens=max_tokens,
+            temperature=1.0 if temperature is None else float(temperature),
+            top_p=1.0 if top_p is None else float(top_p),
+            seed=data.get("seed"),
+            stop=data.get("stop") or (),
+        ),
+        stream=bool(data.get("stream")),
+        include_usage=bool(stream_options.get("include_usage")),
+    )

@@ -1,0 +1,147 @@
+"""`ReplicaClient` over Triton's gRPC streaming API (`tritonclient.grpc.aio`).
+
+Tensor interface (mirrors Triton's vLLM backend): inputs text_input, stream, sampling_parameters
+(JSON), exclude_input_in_output, input_ids, priority, cache_salt, tenant; outputs per response
+text_output, finish_reason, num_input_tokens, num_output_tokens, num_cached_tokens, final.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import AsyncIterator
+
+import grpc
+import numpy as np
+import tritonclient.grpc.aio as triton_aio
+from tritonclient.grpc import InferInput
+from tritonclient.utils import InferenceServerException
+
+from inference.replica_client import (
+    ReplicaChunk,
+    ReplicaRejected,
+    ReplicaRequest,
+    ReplicaStreamError,
+    ReplicaUnavailable,
+)
+
+INVALID_PREFIX = "invalid request:"
+_UNAVAILABLE_CODES = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
+
+
+def build_inputs(request: ReplicaRequest) -> list[InferInput]:
+    def tensor(name: str, array: np.ndarray, datatype: str) -> InferInput:
+        value = InferInput(name, list(array.shape), datatype)
+        value.set_data_from_numpy(array)
+        return value
+
+    def text(value: str) -> np.ndarray:
+        return np.array([value.encode("utf-8")], dtype=np.object_)
+
+    sampling = {
+        "max_tokens": request.max_tokens,
+        "temperature": request.temperature,
+        "top_p": request.top_p,
+        "stop": list(request.stop),
+    }
+    if request.seed is not None:
+        sampling["seed"] = request.seed
+    inputs = [
+        tensor("text_input", text(request.prompt_text), "BYTES"),
+        tensor("stream", np.array([True], dtype=bool), "BOOL"),
+        tensor("sampling_parameters", text(json.dumps(sampling)), "BYTES"),
+        tensor("exclude_input_in_output", np.array([True], dtype=bool), "BOOL"),
+        tensor("priority", np.array([request.priority], dtype=np.int32), "INT32"),
+        tensor("cache_salt", text(request.tenant), "BYTES"),
+        tensor("tenant", text(request.tenant), "BYTES"),
+    ]
+    if request.prompt_token_ids is not None:
+        ids = np.array(request.prompt_token_ids, dtype=np.int64)
+        inputs.append(tensor("input_ids", ids, "INT64"))
+    return inputs
+
+
+def _scalar(result, name: str, default):
+    array = result.as_numpy(name)
+    if array is None or array.size == 0:
+        return default
+    value = array.reshape(-1)[0]
+    if isinstance(value, bytes):
+        return value.decode("utf-8", errors="replace")
+    return value.item() if hasattr(value, "item") else value
+
+
+def parse_chunk(result) -> ReplicaChunk:
+    return ReplicaChunk(
+        text=_scalar(result, "text_output", ""),
+        finish_reason=_scalar(result, "finish_reason", ""),
+        num_input_tokens=int(_scalar(result, "num_input_tokens", 0)),
+        num_output_tokens=int(_scalar(result, "num_output_tokens", 0)),
+        num_cached_tokens=int(_scalar(result, "num_cached_tokens", 0)),
+        final=bool(_scalar(result, "final", False)),
+    )
+
+
+def classify(error: Exception) -> Exception:
+    if isinstance(error, grpc.aio.AioRpcError):
+        if error.code() in _UNAVAILABLE_CODES:
+            return ReplicaUnavailable(error.details() or str(error.code()))
+        return ReplicaStreamError(error.details() or str(error.code()))
+    message = error.message() if isinstance(error, InferenceServerException) else str(error)
+    message = message or ""
+    if INVALID_PREFIX in message:
+        return ReplicaRejected(message[message.index(INVALID_PREFIX) + len(INVALID_PREFIX):].strip())
+    if isinstance(error, InferenceServerException) and error.status() == "StatusCode.UNAVAILABLE":
+        return ReplicaUnavailable(message)
+    return ReplicaStreamError(message)
+
+
+class TritonReplicaClient:
+    """One gRPC channel per replica address (channels are bound to the event loop that made
+    them, so one instance per loop: see inference.container)."""
+
+    def __init__(self, first_token_timeout: float, token_timeout: float):
+        self._first_token_timeout = first_token_timeout
+        self._token_timeout = token_timeout
+        self._clients: dict[str, triton_aio.InferenceServerClient] = {}
+
+    def _client(self, address: str) -> triton_aio.InferenceServerClient:
+        client = self._clients.get(address)
+        if client is None:
+            client = triton_aio.InferenceServerClient(address)
+            self._clients[address] = client
+        return client
+
+    async def stream(self, address: str, request: ReplicaRequest) -> AsyncIterator[ReplicaChunk]:
+        inputs = build_inputs(request)
+
+        async def requests():
+            yield {"model_name": request.model_name, "inputs": inputs,
+                   "request_id": request.request_id}
+
+        call = self._client(address).stream_infer(requests())
+        finished = False
+        timeout = self._first_token_timeout
+        try:
+            while not finished:
+                try:
+                    result, error = await asyncio.wait_for(call.__anext__(), timeout)
+                except StopAsyncIteration:
+                    raise ReplicaStreamError("the replica closed the stream before the end")
+                except asyncio.TimeoutError:
+                    raise ReplicaUnavailable(f"no response from the replica for {timeout:g} s")
+                except (grpc.aio.AioRpcError, InferenceServerException) as exc:
+                    raise classify(exc) from exc
+                if error is not None:
+                    raise classify(error)
+                chunk = parse_chunk(result)
+                finished = chunk.final
+                timeout = self._token_timeout
+                yield chunk
+        finally:
+            if not finished:
+                call.cancel()  # the replica sees is_cancelled() and frees the sequence
+
+    async def close(self) -> None:
+        clients, self._clients = self._clients, {}
+        for client in clients.values():
+            await client.close()

@@ -1,0 +1,13 @@
+from django.urls import path
+
+from inference.views.catalog import healthz_view, models_view, readyz_view
+from inference.views.generation import chat_completions_view, completions_view, generate_view
+
+urlpatterns = [
+    path("v1/generate", generate_view),
+    path("v1/chat/completions", chat_completions_view),
+    path("v1/completions", completions_view),
+    path("v1/models", models_view),
+    path("healthz", healthz_view),
+    path("readyz", readyz_view),
+]

@@ -1,0 +1,56 @@
+"""POST /v1/generate, /v1/chat/completions, /v1/completions: thin async views."""
+from __future__ import annotations
+
+from django.conf import settings
+from django.http import JsonResponse, StreamingHttpResponse
+
+from inference.container import current_container
+from inference.errors import PayloadTooLarge
+from inference.formats import FORMATS
+from inference.pipeline import decode_body, prepare
+from inference.relay import complete, open_events, sse_bytes
+from inference.views.errors import api_endpoint
+
+
+def _content_length(request) -> int:
+    try:
+        return int(request.headers.get("Content-Length") or 0)
+    except ValueError:
+        return 0
+
+
+async def _serve(request, endpoint: str):
+    if _content_length(request) > settings.API_MAX_BODY_BYTES:
+        raise PayloadTooLarge(f"The request body exceeds {settings.API_MAX_BODY_BYTES} bytes.")
+    container = current_container()
+    outcome = await prepare(
+        container,
+        endpoint,
+        request.headers.get("Authorization"),
+        decode_body(request.body),
+        request.headers.get("Idempotency-Key"),
+    )
+    fmt = FORMATS[endpoint]()
+    if not outcome.request.stream:
+        result = await complete(container, outcome)
+        return JsonResponse(fmt.complete(result))
+    events = await open_events(container, outcome, fmt)
+    response = StreamingHttpResponse(sse_bytes(fmt, events), content_type="text/event-stream")
+    response["Cache-Control"] = "no-cache"
+    response["X-Accel-Buffering"] = "no"
+    return response
+
+
+@api_endpoint("POST")
+async def generate_view(request):
+    return await _serve(request, "generate")
+
+
+@api_endpoint("POST")
+async def chat_completions_view(request):
+    return await _serve(request, "chat")
+
+
+@api_endpoint("POST")
+async def completions_view(request):
+    return await _serve(request, "completions")

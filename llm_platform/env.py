@@ -1,0 +1,53 @@
+"""Reading settings from the environment (cookiecutter-django style, without extra packages)."""
+from __future__ import annotations
+
+import os
+from urllib.parse import parse_qs, unquote, urlparse
+
+
+def env_str(name: str, default: str) -> str:
+    return os.environ.get(name, default)
+
+
+def env_bool(name: str, default: bool) -> bool:
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    return raw.strip().lower() in {"1", "true", "yes", "on"}
+
+
+def env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name)
+    return default if raw is None or raw == "" else int(raw)
+
+
+def env_float(name: str, default: float) -> float:
+    raw = os.environ.get(name)
+    return default if raw is None or raw == "" else float(raw)
+
+
+def env_list(name: str, default: list[str]) -> list[str]:
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    return [item.strip() for item in raw.split(",") if item.strip()]
+
+
+def parse_database_url(url: str) -> dict:
+    """`postgres://user:pass@host:port/name?sslmode=...` -> a Django DATABASES entry.
+
+    PostgreSQL only: the platform has one code path (no SQLite fallback).
+    """
+    parsed = urlparse(url)
+    if parsed.scheme not in {"postgres", "postgresql", "pgsql"}:
+        raise ValueError(f"DATABASE_URL must be a postgres:// URL, got scheme {parsed.scheme!r}")
+    options = {key: values[-1] for key, values in parse_qs(parsed.query).items()}
+    return {
+        "ENGINE": "django.db.backends.postgresql",
+        "NAME": unquote(parsed.path.lstrip("/")) or "postgres",
+        "USER": unquote(parsed.username or ""),
+        "PASSWORD": unquote(parsed.password or ""),
+        "HOST": parsed.hostname or "",
+        "PORT": str(parsed.port or ""),
+        "OPTIONS": options,
+    }

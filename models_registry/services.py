@@ -1,0 +1,78 @@
+"""Writes on the registry: models, versions, replicas."""
+from __future__ import annotations
+
+from django.db import transaction
+from django.utils import timezone
+
+from models_registry.models import Model, ModelVersion, Node, Replica
+
+
+def ensure_model_version(
+    model_name: str,
+    version: int,
+    weights_uri: str,
+    *,
+    tokenizer: str = ModelVersion.TokenizerKind.WEIGHTS,
+    context_length: int = 2048,
+    quantization: str = "",
+    hardware: dict | None = None,
+    is_public: bool = True,
+) -> ModelVersion:
+    """Create the model and version, or update the version's fields if they exist."""
+    with transaction.atomic():
+        model, _ = Model.objects.get_or_create(name=model_name, defaults={"is_public": is_public})
+        model_version, _ = ModelVersion.objects.update_or_create(
+            model=model,
+            version=version,
+            defaults={
+                "weights_uri": weights_uri,
+                "tokenizer": tokenizer,
+                "context_length": context_length,
+                "quantization": quantization,
+                "hardware": hardware or {},
+                "state": ModelVersion.State.ACTIVE,
+            },
+        )
+    return model_version
+
+
+def grant_model(model: Model, tenant) -> None:
+    model.tenants.add(tenant)
+
+
+def register_replica(
+    model_version: ModelVersion,
+    grpc_address: str,
+    *,
+    metrics_address: str = "",
+    node_name: str = "",
+    zone: str = "",
+    state: str = Replica.State.READY,
+) -> Replica:
+    """Register (or re-register) the live replica at `grpc_address`."""
+    with transaction.atomic():
+        node = None
+        if node_name:
+            node, _ = Node.objects.get_or_create(name=node_name, defaults={"zone": zone})
+        replica = (
+            Replica.objects.select_for_update()
+            .filter(grpc_address=grpc_address)
+            .exclude(state=Replica.State.STOPPED)
+            .first()
+        )
+        if replica is None:
+            replica = Replica(grpc_address=grpc_address)
+        replica.model_version = model_version
+        replica.metrics_address = metrics_address
+        replica.node = node
+        replica.zone = zone
+        replica.state = state
+        replica.last_heartbeat = timezone.now()
+        replica.save()
+    return replica
+
+
+def set_replica_state(replica: Replica, state: str) -> Replica:
+    replica.state = state
+    replica.save(update_fields=["state"])
+    return replica

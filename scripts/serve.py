@@ -1,0 +1,166 @@
+"""`make serve`: the whole platform on this machine, stopped together with Ctrl-C.
+
+PostgreSQL and Redis (given, local, or embedded under ./var/), migrations, the demo fleet
+(tenant `demo` with one API key printed once; model `chat-small` v1 = bundled SmolLM2), one
+Triton replica (replica.launch), daphne, a Celery worker and Celery beat. Logs: var/logs/.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from scripts.services import ensure_services, free_port  # noqa: E402
+
+VAR = REPO / "var"
+LOGS = VAR / "logs"
+
+
+def secret_key() -> str:
+    if os.environ.get("SECRET_KEY"):
+        return os.environ["SECRET_KEY"]
+    path = VAR / "secret_key"
+    if not path.exists():
+        path.write_text(secrets.token_urlsafe(48))
+        path.chmod(0o600)
+    return path.read_text().strip()
+
+
+class Supervisor:
+    def __init__(self, env: dict[str, str]):
+        self.env = env
+        self.procs: list[tuple[str, subprocess.Popen]] = []
+
+    def manage(self, *args: str, check: bool = True) -> str:
+        result = subprocess.run([sys.executable, "manage.py", *args], cwd=REPO, env=self.env,
+                                capture_output=True, text=True)
+        if check and result.returncode != 0:
+            raise RuntimeError(f"manage.py {' '.join(args)} failed:\n{result.stderr}")
+        return result.stdout.strip()
+
+    def start(self, name: str, args: list[str]) -> subprocess.Popen:
+        log = open(LOGS / f"{name}.log", "ab")
+        # A session of its own: Ctrl-C reaches this supervisor only, which stops children in order.
+        proc = subprocess.Popen([sys.executable, *args], cwd=REPO, env=self.env, stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+        self.procs.append((name, proc))
+        return proc
+
+    def exited(self) -> list[tuple[str, int]]:
+        return [(name, p.returncode) for name, p in self.procs if p.poll() is not None]
+
+    def stop_all(self) -> None:
+        for name, proc in reversed(self.procs):
+            if proc.poll() is None:
+                print(f"stopping {name} ...", flush=True)
+                os.killpg(proc.pid, signal.SIGTERM)
+        for name, proc in reversed(self.procs):
+            try:
+                proc.wait(60 if name == "replica" else 20)  # the replica drains first
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
+def wait_ready(url: str, proc: subprocess.Popen, stop: threading.Event, what: str,
+               deadline_s: float) -> bool:
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end and not stop.is_set():
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with {proc.returncode}")
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return True
+        except httpx.HTTPError:
+            pass
+        stop.wait(0.5)
+    return False
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--host", default=os.environ.get("HOST", "127.0.0.1"))
+    parser.add_argument("--port", type=int, default=int(os.environ.get("PORT", "8000")))
+    parser.add_argument("--embedded", action="store_true",
+                        help="always start private PostgreSQL and Redis under ./var/")
+    args = parser.parse_args()
+    LOGS.mkdir(parents=True, exist_ok=True)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+
+    services = ensure_services(VAR, force_embedded=args.embedded)
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "llm_platform.settings",
+        "DATABASE_URL": services.database_url,
+        "REDIS_URL": services.redis_url,
+        "SECRET_KEY": secret_key(),
+        "PYTHONUNBUFFERED": "1",
+    }
+    env.setdefault("ALLOWED_HOSTS", f"localhost,127.0.0.1,{args.host}")
+    supervisor = Supervisor(env)
+    grpc_port, http_port, metrics_port = free_port(), free_port(), free_port()
+    grpc_address = f"127.0.0.1:{grpc_port}"
+    try:
+        print("migrating ...", flush=True)
+        supervisor.manage("migrate", "--noinput")
+        print(supervisor.manage("seeddemo"), flush=True)
+        replica = supervisor.start("replica", [
+            "-m", "replica.launch", "--model", "chat-small", "--grpc-port", str(grpc_port),
+            "--http-port", str(http_port), "--metrics-port", str(metrics_port)])
+        supervisor.manage("registerreplica", "chat-small", "--grpc", grpc_address, "--metrics",
+                          f"127.0.0.1:{metrics_port}", "--node", "local", "--state", "loading")
+        supervisor.start("daphne", ["-m", "daphne", "-b", args.host, "-p", str(args.port),
+                                    "llm_platform.asgi:application"])
+        supervisor.start("celery-worker", ["-m", "celery", "-A", "llm_platform", "worker",
+                                           "--loglevel", "INFO", "--concurrency", "1"])
+        supervisor.start("celery-beat", ["-m", "celery", "-A", "llm_platform", "beat",
+                                         "--loglevel", "INFO", "--schedule",
+                                         str(VAR / "celerybeat-schedule")])
+        print(f"waiting for the replica (log: {LOGS / 'replica.log'}) ...", flush=True)
+        if wait_ready(f"http://127.0.0.1:{http_port}/v2/models/chat-small/ready", replica, stop,
+                      "the replica", 900):
+            supervisor.manage("registerreplica", "chat-small", "--grpc", grpc_address,
+                              "--metrics", f"127.0.0.1:{metrics_port}", "--node", "local",
+                              "--state", "ready")
+            base = f"http://{args.host}:{args.port}"
+            print(f"\nAPI base URL: {base}/v1   (admin: {base}/admin/, logs: {LOGS})\n"
+                  f"try: curl -N {base}/v1/chat/completions -H 'Authorization: Bearer <key>' "
+                  "-H 'Content-Type: application/json' -d '{\"model\": \"chat-small\", "
+                  "\"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}], \"stream\": true}'\n"
+                  "Ctrl-C stops everything.", flush=True)
+        while not stop.is_set():
+            dead = supervisor.exited()
+            if dead:
+                print(f"exited unexpectedly: {dead}; see {LOGS}", file=sys.stderr, flush=True)
+                return_code = 1
+                break
+            stop.wait(1.0)
+        else:
+            return_code = 0
+    except RuntimeError as exc:
+        print(f"make serve failed: {exc}", file=sys.stderr, flush=True)
+        return_code = 1
+    finally:
+        supervisor.manage("registerreplica", "chat-small", "--grpc", grpc_address,
+                          "--state", "stopped", check=False)
+        supervisor.stop_all()
+        services.stop()
+        print("stopped.", flush=True)
+    return return_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

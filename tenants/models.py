@@ -1,0 +1,63 @@
+"""Tenants, their tiers and their API keys."""
+from __future__ import annotations
+
+from django.db import models
+
+
+class Tier(models.Model):
+    """A service class: scheduling priority, latency targets and default limits."""
+
+    name = models.SlugField(max_length=64, unique=True)
+    # Lower is served first (the replica's `priority` input has the same convention).
+    priority = models.PositiveSmallIntegerField(default=10)
+    ttft_target_ms = models.PositiveIntegerField(default=1000)
+    tpot_target_ms = models.PositiveIntegerField(default=100)
+    requests_per_minute = models.PositiveIntegerField(default=600)
+    tokens_per_minute = models.PositiveIntegerField(default=200_000)
+
+    class Meta:
+        ordering = ["priority", "name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Tenant(models.Model):
+    name = models.SlugField(max_length=64, unique=True)
+    tier = models.ForeignKey(Tier, on_delete=models.PROTECT, related_name="tenants")
+    is_active = models.BooleanField(default=True)
+    # Per-tenant overrides of the tier's limits; null = inherit.
+    requests_per_minute = models.PositiveIntegerField(null=True, blank=True)
+    tokens_per_minute = models.PositiveIntegerField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class ApiKey(models.Model):
+    """Only a SHA-256 of the key and its visible prefix are stored; the key is shown once.
+
+    Keys carry 256 bits of randomness, so a fast hash is enough (no password KDF needed).
+    """
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="api_keys")
+    name = models.CharField(max_length=100, blank=True, default="")
+    prefix = models.CharField(max_length=32, unique=True)
+    key_hash = models.CharField(max_length=64, unique=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.prefix}… ({self.tenant.name})"
+
+    @property
+    def is_revoked(self) -> bool:
+        return self.revoked_at is not None

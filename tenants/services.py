@@ -1,0 +1,64 @@
+"""Writes on tenants and keys (HackSoft style: views and commands call these, never .save())."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from django.db import transaction
+from django.utils import timezone
+
+from tenants.keys import generate_key, hash_key
+from tenants.models import ApiKey, Tenant, Tier
+
+DEFAULT_TIERS = {
+    # name: (priority, ttft_target_ms, tpot_target_ms, requests/min, tokens/min)
+    "interactive": (0, 500, 50, 600, 200_000),
+    "standard": (10, 1500, 100, 300, 100_000),
+    "batch": (20, 60_000, 500, 120, 500_000),
+}
+
+
+def ensure_tier(name: str) -> Tier:
+    priority, ttft, tpot, rpm, tpm = DEFAULT_TIERS.get(name, DEFAULT_TIERS["standard"])
+    tier, _ = Tier.objects.get_or_create(
+        name=name,
+        defaults={
+            "priority": priority,
+            "ttft_target_ms": ttft,
+            "tpot_target_ms": tpot,
+            "requests_per_minute": rpm,
+            "tokens_per_minute": tpm,
+        },
+    )
+    return tier
+
+
+@transaction.atomic
+def create_tenant(name: str, tier_name: str = "standard") -> Tenant:
+    return Tenant.objects.create(name=name, tier=ensure_tier(tier_name))
+
+
+@dataclass(frozen=True)
+class IssuedKey:
+    api_key: ApiKey
+    raw_key: str  # shown once to the operator, never stored
+
+
+def create_api_key(tenant: Tenant, name: str = "") -> IssuedKey:
+    raw_key, prefix = generate_key()
+    api_key = ApiKey.objects.create(
+        tenant=tenant, name=name, prefix=prefix, key_hash=hash_key(raw_key)
+    )
+    return IssuedKey(api_key=api_key, raw_key=raw_key)
+
+
+def revoke_api_key(api_key: ApiKey, redis_client=None, key_prefix: str = "") -> ApiKey:
+    """Revoke now. With a (sync) Redis client the auth cache entry is dropped at once; without
+    one the cached entry still expires within settings.API_KEY_CACHE_SECONDS."""
+    if api_key.revoked_at is None:
+        api_key.revoked_at = timezone.now()
+        api_key.save(update_fields=["revoked_at"])
+    if redis_client is not None:
+        from tenants.auth import cache_key
+
+        redis_client.delete(cache_key(key_prefix, api_key.key_hash))
+    return api_key

@@ -1,0 +1,80 @@
+"""The official `openai` client, unchanged, against daphne + a Triton replica."""
+import openai
+import pytest
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+MESSAGES = [{"role": "user", "content": "Say hello in three words."}]
+
+
+def client_for(fleet, key=None) -> openai.OpenAI:
+    return openai.OpenAI(base_url=fleet.base_url + "/v1", api_key=key or fleet.api_key,
+                         max_retries=0, timeout=120)
+
+
+def test_chat_completion_and_stream_agree(fleet):
+    client = client_for(fleet)
+    reply = client.chat.completions.create(model="chat-small", messages=MESSAGES, max_tokens=8,
+                                           temperature=0.0, seed=1)
+    text = reply.choices[0].message.content
+    assert reply.object == "chat.completion" and reply.model == "chat-small"
+    assert isinstance(text, str) and text
+    assert reply.choices[0].finish_reason in {"stop", "length"}
+    assert 0 < reply.usage.completion_tokens <= 8
+    assert reply.usage.total_tokens == reply.usage.prompt_tokens + reply.usage.completion_tokens
+
+    chunks = list(client.chat.completions.create(
+        model="chat-small", messages=MESSAGES, max_tokens=8, temperature=0.0, seed=1,
+        stream=True, stream_options={"include_usage": True}))
+    streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert streamed == text  # greedy: the same tokens either way
+    assert chunks[-1].usage.completion_tokens == reply.usage.completion_tokens
+    assert chunks[-1].usage.prompt_tokens == reply.usage.prompt_tokens
+    finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finish == [reply.choices[0].finish_reason]
+
+
+def test_completions_stream_and_not(fleet):
+    client = client_for(fleet)
+    reply = client.completions.create(model="chat-small", prompt="The capital of France is",
+                                      max_tokens=5, temperature=0.0)
+    assert reply.object == "text_completion" and reply.choices[0].text
+    assert reply.usage.completion_tokens <= 5
+    chunks = list(client.completions.create(model="chat-small", prompt="The capital of France is",
+                                            max_tokens=5, temperature=0.0, stream=True))
+    assert "".join(c.choices[0].text for c in chunks) == reply.choices[0].text
+
+
+def test_models_list(fleet):
+    assert [m.id for m in client_for(fleet).models.list()] == ["chat-small"]
+
+
+def test_errors_map_to_openai_exceptions(fleet):
+    client = client_for(fleet)
+    with pytest.raises(openai.AuthenticationError):
+        client_for(fleet, key="llmp_00000000_bogus").chat.completions.create(
+            model="chat-small", messages=MESSAGES, max_tokens=2)
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(model="no-such-model", messages=MESSAGES, max_tokens=2)
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(model="chat-small", messages=[], max_tokens=2)
+    with pytest.raises(openai.BadRequestError) as excinfo:
+        client.chat.completions.create(model="chat-small", messages=MESSAGES, max_tokens=10**6)
+    assert excinfo.value.code == "context_length_exceeded"
+    headers = {"Idempotency-Key": "e2e-key"}
+    client.chat.completions.create(model="chat-small", messages=MESSAGES, max_tokens=2,
+                                   extra_headers=headers)
+    with pytest.raises(openai.UnprocessableEntityError):
+        client.chat.completions.create(model="chat-small", messages=MESSAGES, max_tokens=3,
+                                       extra_headers=headers)
+
+
+def test_idempotent_replay(fleet):
+    client = client_for(fleet)
+    headers = {"Idempotency-Key": "replay-1"}
+    first = client.chat.completions.create(model="chat-small", messages=MESSAGES, max_tokens=6,
+                                           temperature=1.0, extra_headers=headers)
+    second = client.chat.completions.create(model="chat-small", messages=MESSAGES, max_tokens=6,
+                                            temperature=1.0, extra_headers=headers)
+    assert second.id == first.id
+    assert second.choices[0].message.content == first.choices[0].message.content

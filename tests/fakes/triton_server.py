@@ -1,0 +1,227 @@
+"""A fake Triton replica: Triton's real gRPC streaming protocol, a scripted 'model'.
+
+It speaks the replica's tensor interface (see inference/triton_client.py) so the platform's
+real `tritonclient.grpc.aio` code path is exercised without the engine. The model emits
+`max_tokens` tokens " t0", " t1", ... (finish_reason "length"), or follows directives found in
+the prompt text:
+  [invalid]        error "invalid request: ..." before any token
+  [fail]           error before any token (a broken replica)
+  [slow]           0.05 s between tokens (time for a client to disconnect mid-stream)
+  [die-after-2]    two tokens, then an error
+  [stop]           finish_reason "stop" after 3 tokens
+Server-wide: `fail_all=True` fails every request before its first token.
+It serves `replica_running_seqs`/`replica_waiting_seqs` on a tiny HTTP metrics endpoint, like
+the real replica.
+
+Run standalone: python -m tests.fakes.triton_server --grpc-port P --metrics-port M
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import re
+from dataclasses import dataclass, field
+
+import grpc
+import numpy as np
+from tritonclient.grpc import service_pb2, service_pb2_grpc
+from tritonclient.utils import deserialize_bytes_tensor, serialize_byte_tensor, triton_to_np_dtype
+
+OUTPUTS = (
+    ("text_output", "BYTES"),
+    ("finish_reason", "BYTES"),
+    ("num_input_tokens", "INT32"),
+    ("num_output_tokens", "INT32"),
+    ("num_cached_tokens", "INT32"),
+    ("final", "BOOL"),
+)
+
+
+def decode_inputs(request) -> dict[str, np.ndarray]:
+    values = {}
+    for index, tensor in enumerate(request.inputs):
+        raw = request.raw_input_contents[index]
+        if tensor.datatype == "BYTES":
+            values[tensor.name] = deserialize_bytes_tensor(raw)
+        else:
+            values[tensor.name] = np.frombuffer(raw, dtype=triton_to_np_dtype(tensor.datatype))
+    return values
+
+
+def encode_response(request, text: str, finish: str, num_in: int, num_out: int, final: bool):
+    response = service_pb2.ModelInferResponse(model_name=request.model_name, id=request.id)
+    arrays = {
+        "text_output": np.array([text.encode()], dtype=np.object_),
+        "finish_reason": np.array([finish.encode()], dtype=np.object_),
+        "num_input_tokens": np.array([num_in], dtype=np.int32),
+        "num_output_tokens": np.array([num_out], dtype=np.int32),
+        "num_cached_tokens": np.array([0], dtype=np.int32),
+        "final": np.array([final], dtype=bool),
+    }
+    for name, datatype in OUTPUTS:
+        array = arrays[name]
+        response.outputs.add(name=name, datatype=datatype, shape=list(array.shape))
+        raw = serialize_byte_tensor(array).item() if datatype == "BYTES" else array.tobytes()
+        response.raw_output_contents.append(raw)
+    return service_pb2.ModelStreamInferResponse(infer_response=response)
+
+
+def error_response(message: str):
+    return service_pb2.ModelStreamInferResponse(error_message=message)
+
+
+@dataclass
+class FakeState:
+    fail_all: bool = False
+    num_running: int = 0
+    num_requests: int = 0
+    requests: list[dict] = field(default_factory=list)  # decoded inputs, for assertions
+
+
+class FakeTriton(service_pb2_grpc.GRPCInferenceServiceServicer):
+    def __init__(self, state: FakeState, model_name: str = "chat-small"):
+        self.state = state
+        self.model_name = model_name
+
+    async def ServerLive(self, request, context):
+        return service_pb2.ServerLiveResponse(live=True)
+
+    async def ServerReady(self, request, context):
+        return service_pb2.ServerReadyResponse(ready=True)
+
+    async def ModelReady(self, request, context):
+        return service_pb2.ModelReadyResponse(ready=request.name == self.model_name)
+
+    async def ModelStreamInfer(self, request_iterator, context):
+        queue: asyncio.Queue = asyncio.Queue()
+        tasks = []
+
+        async def reader():
+            async for request in request_iterator:
+                tasks.append(asyncio.create_task(self._generate(request, queue)))
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await queue.put(None)
+
+        read_task = asyncio.create_task(reader())
+        try:
+            while (item := await queue.get()) is not None:
+                yield item
+        finally:
+            read_task.cancel()
+            for task in tasks:
+                task.cancel()
+
+    async def _generate(self, request, queue: asyncio.Queue) -> None:
+        self.state.num_requests += 1
+        inputs = decode_inputs(request)
+        text = inputs["text_input"][0].decode() if "text_input" in inputs else ""
+        params = json.loads(inputs["sampling_parameters"][0]) if "sampling_parameters" in inputs else {}
+        self.state.requests.append({"text": text, "params": params,
+                                    "input_ids": inputs.get("input_ids"),
+                                    "tenant": inputs["tenant"][0].decode() if "tenant" in inputs else "",
+                                    "priority": int(inputs["priority"][0]) if "priority" in inputs else None})
+        if request.model_name != self.model_name:
+            await queue.put(error_response(f"Request for unknown model: '{request.model_name}'"))
+            return
+        if "[invalid]" in text:
+            await queue.put(error_response("invalid request: the fake refuses this prompt"))
+            return
+        if self.state.fail_all or "[fail]" in text:
+            await queue.put(error_response("engine failure (fake)"))
+            return
+        num_in = len(inputs["input_ids"]) if "input_ids" in inputs else len(text.split())
+        max_tokens = int(params.get("max_tokens", 16))
+        delay = 0.05 if "[slow]" in text else 0.0
+        limit, finish = max_tokens, "length"
+        if "[stop]" in text and max_tokens > 3:
+            limit, finish = 3, "stop"
+        self.state.num_running += 1
+        try:
+            for index in range(limit):
+                if "[die-after-2]" in text and index == 2:
+                    await queue.put(error_response("engine died mid-stream (fake)"))
+                    return
+                last = index == limit - 1
+                await queue.put(encode_response(request, f" t{index}", finish if last else "",
+                                                num_in, index + 1, last))
+                await asyncio.sleep(delay)
+        finally:
+            self.state.num_running -= 1
+
+
+async def _serve_metrics(state: FakeState, reader, writer) -> None:
+    try:
+        await reader.readuntil(b"\r\n\r\n")
+    except (asyncio.IncompleteReadError, ConnectionError):  # a port probe, not a request
+        writer.close()
+        return
+    body = (f"# TYPE replica_running_seqs gauge\n"
+            f"replica_running_seqs{{model=\"chat-small\",version=\"1\"}} {state.num_running}\n"
+            f"replica_waiting_seqs{{model=\"chat-small\",version=\"1\"}} 0\n").encode()
+    writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: "
+                 + str(len(body)).encode() + b"\r\nConnection: close\r\n\r\n" + body)
+    await writer.drain()
+    writer.close()
+
+
+@dataclass
+class RunningFake:
+    state: FakeState
+    grpc_port: int
+    metrics_port: int
+    server: grpc.aio.Server
+    metrics_server: asyncio.AbstractServer
+
+    @property
+    def grpc_address(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
+
+    @property
+    def metrics_address(self) -> str:
+        return f"127.0.0.1:{self.metrics_port}"
+
+    async def stop(self) -> None:
+        await self.server.stop(grace=None)
+        self.metrics_server.close()
+
+
+async def start_fake(grpc_port: int = 0, metrics_port: int = 0, fail_all: bool = False) -> RunningFake:
+    state = FakeState(fail_all=fail_all)
+    server = grpc.aio.server()
+    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(FakeTriton(state), server)
+    port = server.add_insecure_port(f"127.0.0.1:{grpc_port}")
+    await server.start()
+    metrics = await asyncio.start_server(lambda r, w: _serve_metrics(state, r, w),
+                                         "127.0.0.1", metrics_port)
+    return RunningFake(state, port, metrics.sockets[0].getsockname()[1], server, metrics)
+
+
+def parse_gauge(metrics_text: str, name: str) -> int:
+    """The value of a gauge in Prometheus text format; -1 when absent."""
+    match = re.search(rf"^{name}(?:\{{[^}}]*\}})? (\S+)$", metrics_text, re.M)
+    return int(float(match.group(1))) if match else -1
+
+
+def parse_active_seqs(metrics_text: str) -> int:
+    """Running + waiting sequences, as the real replica reports them on its metrics port."""
+    running = parse_gauge(metrics_text, "replica_running_seqs")
+    waiting = parse_gauge(metrics_text, "replica_waiting_seqs")
+    if running < 0 or waiting < 0:
+        raise ValueError("no replica_running_seqs / replica_waiting_seqs gauges in:\n" + metrics_text)
+    return running + waiting
+
+
+async def _main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--grpc-port", type=int, required=True)
+    parser.add_argument("--metrics-port", type=int, required=True)
+    parser.add_argument("--fail-all", action="store_true")
+    args = parser.parse_args()
+    fake = await start_fake(args.grpc_port, args.metrics_port, args.fail_all)
+    print(f"fake triton on {fake.grpc_address}, metrics {fake.metrics_address}", flush=True)
+    await fake.server.wait_for_termination()
+
+
+if __name__ == "__main__":
+    asyncio.run(_main())

@@ -1,0 +1,87 @@
+"""API keys: hashed with a visible prefix, cached briefly, revoked within seconds."""
+import asyncio
+
+import pytest
+from asgiref.sync import sync_to_async
+from django.conf import settings
+
+from inference.container import current_container
+from tenants.auth import AuthenticationFailed, authenticate, bearer_token
+from tenants.keys import generate_key, hash_key, prefix_of
+from tenants.models import ApiKey
+from tenants.services import create_api_key, revoke_api_key
+
+
+def test_key_format_and_storage(tenant):
+    issued = create_api_key(tenant)
+    stored = ApiKey.objects.get(pk=issued.api_key.pk)
+    assert issued.raw_key.startswith(stored.prefix + "_")
+    assert stored.key_hash == hash_key(issued.raw_key)
+    assert issued.raw_key not in {stored.prefix, stored.key_hash, stored.name}
+    assert prefix_of(issued.raw_key) == stored.prefix
+
+
+def test_prefix_of_rejects_junk():
+    raw, prefix = generate_key()
+    assert prefix_of(raw) == prefix
+    for junk in ["", "llmp", "llmp_x_y", "sk-123", "llmp_12345678_", "other_12345678_abc"]:
+        assert prefix_of(junk) is None
+
+
+def test_bearer_token():
+    assert bearer_token("Bearer abc") == "abc"
+    assert bearer_token("bearer  abc ") == "abc"
+    assert bearer_token("Basic abc") is None
+    assert bearer_token(None) is None
+
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+async def _auth(raw_key: str):
+    container = current_container()
+    return await authenticate(raw_key, container.redis, container.key_prefix,
+                              settings.API_KEY_CACHE_SECONDS)
+
+
+@pytest.mark.asyncio
+async def test_authenticate_then_cached(tenant, api_key):
+    principal = await _auth(api_key)
+    assert principal.tenant_id == tenant.pk and principal.tier_name == "interactive"
+    key = await ApiKey.objects.aget(tenant=tenant)
+    assert key.last_used_at is not None
+    # Served from the cache: the row can vanish and the key still works until the TTL.
+    await ApiKey.objects.filter(pk=key.pk).aupdate(revoked_at=key.last_used_at)
+    assert (await _auth(api_key)).api_key_id == key.pk
+
+
+@pytest.mark.asyncio
+async def test_revoked_in_database_stops_within_cache_ttl(tenant, api_key):
+    await _auth(api_key)
+    key = await ApiKey.objects.aget(tenant=tenant)
+    await ApiKey.objects.filter(pk=key.pk).aupdate(revoked_at=key.created_at)
+    await asyncio.sleep(settings.API_KEY_CACHE_SECONDS + 0.2)
+    with pytest.raises(AuthenticationFailed):
+        await _auth(api_key)
+
+
+@pytest.mark.asyncio
+async def test_revoked_through_service_stops_at_once(tenant, api_key):
+    import redis as sync_redis
+
+    await _auth(api_key)
+    key = await ApiKey.objects.aget(tenant=tenant)
+    client = sync_redis.Redis.from_url(settings.REDIS_URL)
+    try:
+        await sync_to_async(revoke_api_key)(key, client, settings.REDIS_KEY_PREFIX)
+    finally:
+        client.close()
+    with pytest.raises(AuthenticationFailed):
+        await _auth(api_key)
+
+
+@pytest.mark.asyncio
+async def test_wrong_secret_with_real_prefix_fails(tenant, api_key):
+    forged = api_key[:-4] + ("AAAA" if not api_key.endswith("AAAA") else "BBBB")
+    with pytest.raises(AuthenticationFailed):
+        await _auth(forged)

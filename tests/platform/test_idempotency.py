@@ -1,0 +1,92 @@
+"""Idempotency-Key: tenant-scoped; replay, 422 on another body, 409 while in flight."""
+import asyncio
+import json
+
+import pytest
+from asgiref.sync import sync_to_async
+
+from billing.models import UsageRecord
+from tenants.services import create_api_key, create_tenant
+from tests.support.platform import sse_events
+
+pytestmark = [pytest.mark.asyncio, pytest.mark.django_db(transaction=True)]
+
+BODY = {"model": "chat-small", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}
+
+
+async def post(client, body, headers, path="/v1/generate"):
+    return await client.post(path, data=json.dumps(body), content_type="application/json",
+                             headers=headers)
+
+
+async def test_same_key_same_body_replays_without_generating(client, auth, ready_replica,
+                                                             fake_replica):
+    headers = {**auth, "Idempotency-Key": "order-1"}
+    first = (await post(client, BODY, headers)).json()
+    # Key order and whitespace do not make a different body.
+    reordered = dict(reversed(list(BODY.items())))
+    second = (await post(client, reordered, headers)).json()
+    assert second == first
+    assert fake_replica.state.num_requests == 1
+    assert await UsageRecord.objects.acount() == 1
+
+
+async def test_stream_replay_has_the_same_events(client, auth, ready_replica, fake_replica):
+    headers = {**auth, "Idempotency-Key": "stream-1"}
+    body = {**BODY, "stream": True}
+    first = b"".join([c async for c in (await post(client, body, headers)).streaming_content])
+    second = b"".join([c async for c in (await post(client, body, headers)).streaming_content])
+    assert sse_events(first) == sse_events(second)
+    assert fake_replica.state.num_requests == 1
+
+
+async def test_different_body_is_422(client, auth, ready_replica):
+    headers = {**auth, "Idempotency-Key": "k"}
+    assert (await post(client, BODY, headers)).status_code == 200
+    response = await post(client, {**BODY, "max_tokens": 5}, headers)
+    assert response.status_code == 422
+    assert response.json()["error"]["code"] == "idempotency_key_reused"
+    # Another endpoint with the same body is another request too.
+    assert (await post(client, BODY, headers, "/v1/chat/completions")).status_code == 422
+
+
+async def test_duplicate_in_flight_is_409(client, auth, ready_replica):
+    headers = {**auth, "Idempotency-Key": "slow-1"}
+    body = {**BODY, "max_tokens": 40, "messages": [{"role": "user", "content": "[slow]"}]}
+    first = asyncio.create_task(post(client, body, headers))
+    for _ in range(200):  # until the first request holds the key
+        await asyncio.sleep(0.01)
+        response = await post(client, body, headers)
+        if response.status_code == 409:
+            break
+    assert response.status_code == 409
+    assert response.json()["error"]["code"] == "idempotency_key_in_use"
+    assert (await first).status_code == 200
+    assert (await post(client, body, headers)).status_code == 200  # now a replay
+
+
+async def test_keys_are_scoped_to_the_tenant(client, auth, ready_replica, fake_replica):
+    other = await sync_to_async(create_tenant)("other")
+    other_key = (await sync_to_async(create_api_key)(other)).raw_key
+    await post(client, BODY, {**auth, "Idempotency-Key": "shared"})
+    response = await post(client, {**BODY, "max_tokens": 2},
+                          {"Authorization": f"Bearer {other_key}", "Idempotency-Key": "shared"})
+    assert response.status_code == 200
+    assert response.json()["usage"]["output_tokens"] == 2
+    assert fake_replica.state.num_requests == 2
+
+
+async def test_failed_request_releases_the_key(client, auth, model_version, fake_replica,
+                                               ready_replica):
+    headers = {**auth, "Idempotency-Key": "retry-me"}
+    fake_replica.state.fail_all = True
+    assert (await post(client, BODY, headers)).status_code == 503
+    fake_replica.state.fail_all = False
+    response = await post(client, BODY, headers)
+    assert response.status_code == 200
+    assert response.json()["text"] == " t0 t1 t2 t3"
+
+
+async def test_bad_key_header_is_400(client, auth, model_version):
+    response = await post(client, BODY, {**auth, "Idempotency-Key": "x" * 300})
+    assert response.status_code == 400

@@ -1,0 +1,80 @@
+"""Router: the policy on fixed snapshots (exact choices) and the shared counts in Redis."""
+import random
+
+import pytest
+
+from inference.container import current_container
+from inference.router import (
+    Candidate,
+    LeastOutstandingTokens,
+    NoReplicaReady,
+    OutstandingTokens,
+    RouteRequest,
+)
+from models_registry.selectors import ReplicaInfo
+from models_registry.services import register_replica
+
+
+def replica(replica_id: int) -> ReplicaInfo:
+    return ReplicaInfo(replica_id=replica_id, grpc_address=f"h:{replica_id}",
+                       metrics_address="", zone="")
+
+
+REQUEST = RouteRequest(tenant_id=1, num_prompt_tokens=10, max_tokens=20)
+
+
+def test_least_outstanding_tokens_picks_the_minimum():
+    policy = LeastOutstandingTokens(random.Random(0))
+    candidates = [Candidate(replica(1), 500), Candidate(replica(2), 30), Candidate(replica(3), 90)]
+    assert policy.choose(REQUEST, candidates).replica.replica_id == 2
+
+
+def test_ties_are_broken_among_the_least_loaded_only():
+    policy = LeastOutstandingTokens(random.Random(0))
+    candidates = [Candidate(replica(1), 5), Candidate(replica(2), 0), Candidate(replica(3), 0)]
+    chosen = {policy.choose(REQUEST, candidates).replica.replica_id for _ in range(50)}
+    assert chosen == {2, 3}
+
+
+def test_cost_is_prompt_plus_max_tokens():
+    assert REQUEST.cost_tokens == 30
+
+
+pytestmark_db = pytest.mark.django_db(transaction=True)
+
+
+@pytestmark_db
+@pytest.mark.asyncio
+async def test_router_spreads_by_outstanding_tokens_and_releases(model_version):
+    from asgiref.sync import sync_to_async
+
+    r1 = await sync_to_async(register_replica)(model_version, "127.0.0.1:9001")
+    r2 = await sync_to_async(register_replica)(model_version, "127.0.0.1:9002")
+    router = current_container().router
+    first = await router.acquire(model_version.pk, "least_outstanding_tokens", REQUEST)
+    second = await router.acquire(model_version.pk, "least_outstanding_tokens", REQUEST)
+    assert {first.replica.replica_id, second.replica.replica_id} == {r1.pk, r2.pk}
+    counter = OutstandingTokens(current_container().redis, current_container().key_prefix)
+    assert await counter.read(model_version.pk, [r1.pk, r2.pk]) == {r1.pk: 30, r2.pk: 30}
+    await first.release_prompt()
+    held = first.replica.replica_id
+    assert (await counter.read(model_version.pk, [held]))[held] == 20
+    # A third request goes to the replica whose prompt is done (less outstanding).
+    third = await router.acquire(model_version.pk, "least_outstanding_tokens", REQUEST)
+    assert third.replica.replica_id == held
+    for lease in (first, second, third):
+        await lease.release()
+        await lease.release()  # idempotent
+    assert await counter.read(model_version.pk, [r1.pk, r2.pk]) == {r1.pk: 0, r2.pk: 0}
+
+
+@pytestmark_db
+@pytest.mark.asyncio
+async def test_router_excludes_tried_replicas(model_version):
+    from asgiref.sync import sync_to_async
+
+    r1 = await sync_to_async(register_replica)(model_version, "127.0.0.1:9001")
+    router = current_container().router
+    with pytest.raises(NoReplicaReady):
+        await router.acquire(model_version.pk, "least_outstanding_tokens", REQUEST,
+                             exclude=frozenset({r1.pk}))

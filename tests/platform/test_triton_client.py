@@ -1,0 +1,76 @@
+"""The Triton client over real gRPC (tritonclient.grpc.aio) against the fake replica."""
+import asyncio
+from contextlib import aclosing
+
+import pytest
+
+from inference.replica_client import (
+    ReplicaRejected,
+    ReplicaRequest,
+    ReplicaStreamError,
+    ReplicaUnavailable,
+)
+from inference.triton_client import TritonReplicaClient
+
+pytestmark = pytest.mark.asyncio
+
+
+def request(text: str = "hello", max_tokens: int = 3, ids=(1, 2, 3)) -> ReplicaRequest:
+    return ReplicaRequest(request_id="r1", model_name="chat-small", prompt_text=text,
+                          prompt_token_ids=ids, max_tokens=max_tokens, temperature=0.0,
+                          top_p=1.0, seed=None, stop=(), priority=10, tenant="7")
+
+
+async def collect(client, address, req):
+    return [chunk async for chunk in client.stream(address, req)]
+
+
+async def test_streams_chunks_with_a_final_marker(fake_replica):
+    client = TritonReplicaClient(first_token_timeout=10, token_timeout=10)
+    chunks = await collect(client, fake_replica.grpc_address, request())
+    await client.close()
+    assert [c.text for c in chunks] == [" t0", " t1", " t2"]
+    assert [c.final for c in chunks] == [False, False, True]
+    assert chunks[-1].finish_reason == "length"
+    assert chunks[-1].num_input_tokens == 3 and chunks[-1].num_output_tokens == 3
+    sent = fake_replica.state.requests[0]
+    assert sent["tenant"] == "7" and sent["priority"] == 10
+    assert list(sent["input_ids"]) == [1, 2, 3]
+
+
+async def test_invalid_request_is_rejected(fake_replica):
+    client = TritonReplicaClient(first_token_timeout=10, token_timeout=10)
+    with pytest.raises(ReplicaRejected, match="refuses"):
+        await collect(client, fake_replica.grpc_address, request("[invalid]"))
+    with pytest.raises(ReplicaStreamError):
+        await collect(client, fake_replica.grpc_address, request("[fail]"))
+    await client.close()
+
+
+async def test_unreachable_replica_is_unavailable():
+    client = TritonReplicaClient(first_token_timeout=10, token_timeout=10)
+    with pytest.raises(ReplicaUnavailable):
+        await collect(client, "127.0.0.1:1", request())
+    await client.close()
+
+
+async def test_closing_the_stream_cancels_on_the_replica(fake_replica):
+    client = TritonReplicaClient(first_token_timeout=10, token_timeout=10)
+    async with aclosing(client.stream(fake_replica.grpc_address,
+                                      request("[slow]", max_tokens=1000))) as chunks:
+        async for _ in chunks:
+            assert fake_replica.state.num_running == 1
+            break
+    for _ in range(200):
+        if fake_replica.state.num_running == 0:
+            break
+        await asyncio.sleep(0.01)
+    assert fake_replica.state.num_running == 0
+    await client.close()
+
+
+async def test_a_silent_replica_times_out(fake_replica):
+    client = TritonReplicaClient(first_token_timeout=10, token_timeout=0.01)
+    with pytest.raises(ReplicaUnavailable, match="no response"):
+        await collect(client, fake_replica.grpc_address, request("[slow]", max_tokens=50))
+    await client.close()

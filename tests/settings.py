@@ -1,0 +1,22 @@
+"""Settings for the test suite: the real settings, with names private to this test run so
+concurrent runs on one PostgreSQL/Redis do not collide."""
+import os
+import uuid
+
+from llm_platform.settings import *  # noqa: F403
+from llm_platform.settings import DATABASES
+
+# Inherited by subprocesses (daphne, fakes) started by the tests, so they share these names.
+TEST_RUN_ID = os.environ.setdefault("LLMP_TEST_RUN_ID", uuid.uuid4().hex[:8])
+REDIS_KEY_PREFIX = f"llmp-test-{TEST_RUN_ID}:"
+DATABASES["default"]["TEST"] = {"NAME": f"test_llm_platform_{TEST_RUN_ID}"}
+CHANNEL_LAYERS = {
+    "default": {
+        "BACKEND": "channels_redis.core.RedisChannelLayer",
+        "CONFIG": {"hosts": [REDIS_URL], "prefix": REDIS_KEY_PREFIX + "asgi"},  # noqa: F405
+    }
+}
+API_KEY_CACHE_SECONDS = 1.0
+REGISTRY_CACHE_TTL_SECONDS = 0.0  # tests change replica states and expect them seen at once
+TRITON_FIRST_TOKEN_TIMEOUT_SECONDS = 30.0
+TRITON_TOKEN_TIMEOUT_SECONDS = 30.0

@@ -1,0 +1,82 @@
+"""Starting and stopping the real processes the e2e tests talk to."""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class Proc:
+    name: str
+    popen: subprocess.Popen
+    log_path: Path
+
+    def log_tail(self, num_chars: int = 4000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-num_chars:]
+        except OSError:
+            return ""
+
+    def stop(self, timeout: float = 20.0) -> None:
+        if self.popen.poll() is not None:
+            return
+        os.killpg(self.popen.pid, signal.SIGTERM)
+        try:
+            self.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.popen.pid, signal.SIGKILL)
+            self.popen.wait()
+
+
+def start(name: str, args: list[str], env: dict[str, str], log_dir: Path) -> Proc:
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log_path = log_dir / f"{name}.log"
+    log = open(log_path, "wb")
+    popen = subprocess.Popen(
+        [sys.executable, *args], cwd=REPO, env={**os.environ, **env}, stdout=log,
+        stderr=subprocess.STDOUT, start_new_session=True,
+    )
+    return Proc(name, popen, log_path)
+
+
+def wait_until(check, proc: Proc, deadline_s: float, what: str) -> None:
+    """Poll `check()` until true; fail with the process log if it dies or the deadline passes
+    (a guard against hangs, not a performance threshold)."""
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        if proc.popen.poll() is not None:
+            raise RuntimeError(f"{proc.name} exited ({proc.popen.returncode}) before {what}:\n"
+                               + proc.log_tail())
+        try:
+            if check():
+                return
+        except (OSError, httpx.HTTPError):
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"{proc.name}: no {what} after {deadline_s} s:\n" + proc.log_tail())
+
+
+def port_open(port: int) -> bool:
+    with socket.socket() as sock:
+        sock.settimeout(0.5)
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+def http_ok(url: str) -> bool:
+    return httpx.get(url, timeout=2.0).status_code == 200
