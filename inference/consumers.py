@@ -54,7 +54,10 @@ class StreamConsumer(AsyncWebsocketConsumer):
             await asyncio.wait([self.task])  # let the generation record usage and release
 
     async def _send_error(self, exc: ApiError) -> None:
-        await self.send(json.dumps({"type": "error", **exc.body(), "status": exc.status}))
+        payload = {"type": "error", **exc.body(), "status": exc.status}
+        if "Retry-After" in exc.headers:
+            payload["retry_after"] = int(exc.headers["Retry-After"])
+        await self.send(json.dumps(payload))
 
     async def _run(self, raw: bytes) -> None:
         try:

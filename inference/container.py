@@ -21,6 +21,8 @@ from inference.replica_client import ReplicaClient
 from inference.router import OutstandingTokens, ReplicaDirectory, Router, ServingCatalog
 from inference.tokenization import TokenizerCache
 from inference.triton_client import TritonReplicaClient
+from tenants.buckets import TokenBuckets
+from tenants.selectors import LimitsCache
 
 
 @dataclass
@@ -33,6 +35,8 @@ class Container:
     router: Router
     catalog: ServingCatalog
     idempotency: IdempotencyStore
+    limits: LimitsCache
+    buckets: TokenBuckets
 
     async def close(self) -> None:
         await self.replica_client.close()
@@ -62,6 +66,9 @@ def build_container(tokenizers: TokenizerCache) -> Container:
             redis, prefix, settings.IDEMPOTENCY_TTL_SECONDS,
             settings.IDEMPOTENCY_PENDING_TTL_SECONDS,
         ),
+        limits=LimitsCache(redis, prefix, settings.QUOTA_LIMITS_CACHE_SECONDS),
+        # Wall-clock time: bucket timestamps are compared across processes.
+        buckets=TokenBuckets(redis, prefix, time.time),
     )
 
 

@@ -22,6 +22,7 @@ from billing.services import UsageEvent, record_usage
 from inference.container import Container
 from inference.errors import InvalidRequest, ReplicaFailed, ServiceUnavailable
 from inference.pipeline import Prepared
+from inference.quota import settle
 from inference.replica_client import (
     ReplicaChunk,
     ReplicaRejected,
@@ -92,7 +93,7 @@ def replica_request(prepared: Prepared) -> ReplicaRequest:
         top_p=sampling.top_p,
         seed=sampling.seed,
         stop=sampling.stop,
-        priority=prepared.principal.priority,
+        priority=prepared.charge.limits.priority,
         tenant=str(prepared.principal.tenant_id),
     )
 
@@ -188,8 +189,14 @@ async def _finish(container: Container, prepared: Prepared, progress: _Progress,
         logger.exception("idempotency bookkeeping failed for %s", prepared.request_id)
     last = progress.final or progress.last
     now = container.clock()
+    event = _usage_event(prepared, progress, last, now)
     try:
-        await record_usage(_usage_event(prepared, progress, last, now))
+        # Charged what it used, whatever the end (finished, failed, cancelled).
+        await settle(container.buckets, prepared.charge, event.input_tokens + event.output_tokens)
+    except Exception:  # noqa: BLE001 - the bucket refills anyway; the reply stands
+        logger.exception("quota correction failed for %s", prepared.request_id)
+    try:
+        await record_usage(event)
     except Exception:  # noqa: BLE001 - the reply stands; issue 7's outbox makes this durable
         logger.exception("usage for %s was not recorded", prepared.request_id)
 

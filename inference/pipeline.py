@@ -18,7 +18,9 @@ from inference.errors import (
     ServiceUnavailable,
     Unauthorized,
 )
+from inference.errors import ApiError
 from inference.idempotency import Claim, Replay, fingerprint, validate_key
+from inference.quota import Charge, admit
 from inference.schemas import GenerationRequest, parse_request
 from models_registry.selectors import ServingVersion
 from tenants.auth import AuthenticationFailed, Principal, authenticate, bearer_token
@@ -40,6 +42,7 @@ class Prepared:
     prompt_token_ids: tuple[int, ...]
     max_tokens: int
     claim: Claim | None  # None: no Idempotency-Key
+    charge: Charge  # what the tenant's buckets were charged (corrected when the request ends)
 
 
 @dataclass(frozen=True)
@@ -129,6 +132,13 @@ async def prepare(container: Container, endpoint: str, authorization: str | None
         if isinstance(outcome, Replay):
             return Replayed(request=request, result=outcome.result)
         claim = outcome
+    try:
+        limits = await container.limits.get(principal.tenant_id)
+        charge = await admit(container.buckets, limits, len(prompt_ids), max_tokens)
+    except ApiError:
+        if claim is not None:
+            await container.idempotency.abandon(claim)
+        raise
     return Prepared(
         request_id=uuid.uuid4().hex,
         principal=principal,
@@ -138,4 +148,5 @@ async def prepare(container: Container, endpoint: str, authorization: str | None
         prompt_token_ids=tuple(prompt_ids),
         max_tokens=max_tokens,
         claim=claim,
+        charge=charge,
     )

@@ -135,3 +135,19 @@ REGISTRY_CACHE_TTL_SECONDS = env_float("REGISTRY_CACHE_TTL_SECONDS", 1.0)
 # No hang: a replica that sends nothing for this long fails the request.
 TRITON_FIRST_TOKEN_TIMEOUT_SECONDS = env_float("TRITON_FIRST_TOKEN_TIMEOUT_SECONDS", 120.0)
 TRITON_TOKEN_TIMEOUT_SECONDS = env_float("TRITON_TOKEN_TIMEOUT_SECONDS", 60.0)
+
+# --- Quotas and admission ---------------------------------------------------------------------
+# A tenant's limits (tier defaults, tenant overrides) are cached in Redis this long: an edit in
+# the admin takes effect on every process within this time.
+QUOTA_LIMITS_CACHE_SECONDS = env_float("QUOTA_LIMITS_CACHE_SECONDS", 2.0)
+# django-ratelimit on the API: requests per API key (a coarse abuse guard in front of the
+# per-tenant token buckets, which carry the real limits).
+API_KEY_RATELIMIT = env_str("API_KEY_RATELIMIT", "6000/m")
+RATELIMIT_USE_CACHE = "default"
+CACHES = {
+    "default": {
+        "BACKEND": "django.core.cache.backends.redis.RedisCache",
+        "LOCATION": REDIS_URL,
+        "KEY_PREFIX": REDIS_KEY_PREFIX + "cache",
+    }
+}

@@ -14,6 +14,11 @@ class Tier(models.Model):
     tpot_target_ms = models.PositiveIntegerField(default=100)
     requests_per_minute = models.PositiveIntegerField(default=600)
     tokens_per_minute = models.PositiveIntegerField(default=200_000)
+    # Bucket capacities (the most a tenant can spend at once); null = one minute's worth.
+    request_burst = models.PositiveIntegerField(null=True, blank=True)
+    token_burst = models.PositiveIntegerField(null=True, blank=True)
+    # The longest a request of this tier waits in the admission queue before a 503.
+    max_queue_wait_ms = models.PositiveIntegerField(default=5000)
 
     class Meta:
         ordering = ["priority", "name"]
@@ -29,6 +34,8 @@ class Tenant(models.Model):
     # Per-tenant overrides of the tier's limits; null = inherit.
     requests_per_minute = models.PositiveIntegerField(null=True, blank=True)
     tokens_per_minute = models.PositiveIntegerField(null=True, blank=True)
+    request_burst = models.PositiveIntegerField(null=True, blank=True)
+    token_burst = models.PositiveIntegerField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

@@ -15,6 +15,8 @@ DEFAULT_TIERS = {
     "standard": (10, 1500, 100, 300, 100_000),
     "batch": (20, 60_000, 500, 120, 500_000),
 }
+# How long each tier's requests may wait in the admission queue (ms) before a 503.
+DEFAULT_MAX_QUEUE_WAIT_MS = {"interactive": 2_000, "standard": 5_000, "batch": 30_000}
 
 
 def ensure_tier(name: str) -> Tier:
@@ -27,6 +29,7 @@ def ensure_tier(name: str) -> Tier:
             "tpot_target_ms": tpot,
             "requests_per_minute": rpm,
             "tokens_per_minute": tpm,
+            "max_queue_wait_ms": DEFAULT_MAX_QUEUE_WAIT_MS.get(name, 5_000),
         },
     )
     return tier

@@ -16,7 +16,15 @@ CHANNEL_LAYERS = {
         "CONFIG": {"hosts": [REDIS_URL], "prefix": REDIS_KEY_PREFIX + "asgi"},  # noqa: F405
     }
 }
+CACHES = {
+    "default": {
+        "BACKEND": "django.core.cache.backends.redis.RedisCache",
+        "LOCATION": REDIS_URL,  # noqa: F405
+        "KEY_PREFIX": REDIS_KEY_PREFIX + "cache",
+    }
+}
 API_KEY_CACHE_SECONDS = 1.0
+QUOTA_LIMITS_CACHE_SECONDS = 0.0  # tests edit limits and expect them seen at once
 REGISTRY_CACHE_TTL_SECONDS = 0.0  # tests change replica states and expect them seen at once
 TRITON_FIRST_TOKEN_TIMEOUT_SECONDS = 30.0
 TRITON_TOKEN_TIMEOUT_SECONDS = 30.0

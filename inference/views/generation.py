@@ -5,9 +5,9 @@ from django.conf import settings
 from django.http import JsonResponse, StreamingHttpResponse
 
 from inference.container import current_container
-from inference.errors import PayloadTooLarge
+from inference.errors import ApiError, PayloadTooLarge
 from inference.formats import FORMATS
-from inference.pipeline import decode_body, prepare
+from inference.pipeline import Prepared, decode_body, prepare
 from inference.relay import complete, open_events, sse_bytes
 from inference.views.errors import api_endpoint
 
@@ -30,7 +30,19 @@ async def _serve(request, endpoint: str):
         decode_body(request.body),
         request.headers.get("Idempotency-Key"),
     )
-    fmt = FORMATS[endpoint]()
+    # The x-ratelimit-* headers of the admission go on every reply, refusals included.
+    quota_headers = outcome.charge.headers if isinstance(outcome, Prepared) else {}
+    try:
+        response = await _reply(container, outcome, FORMATS[endpoint]())
+    except ApiError as exc:
+        exc.headers = {**quota_headers, **exc.headers}
+        raise
+    for name, value in quota_headers.items():
+        response[name] = value
+    return response
+
+
+async def _reply(container, outcome, fmt):
     if not outcome.request.stream:
         result = await complete(container, outcome)
         return JsonResponse(fmt.complete(result))

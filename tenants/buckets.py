@@ -1,0 +1,139 @@
+"""Per-tenant token buckets (requests/min and tokens/min) kept in Redis.
+
+Each check is one Lua script over both buckets, so it is atomic across any number of platform
+processes: a request is admitted only if both buckets hold enough, and then both are charged.
+A bucket refills continuously at `per_minute / 60` per second up to its `burst` capacity.
+
+Invariants:
+- the level of a bucket never exceeds its burst; it may go below zero only through
+  `correct` (actual usage above the estimate), and then later requests wait until it refills;
+- time comes from the caller's injected clock (milliseconds); a clock reading older than the
+  bucket's last update refills nothing (several processes' clocks never run a bucket back).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+from tenants.selectors import Limits
+
+# KEYS: requests bucket, tokens bucket.
+# ARGV: now_ms, req_per_min, req_burst, tok_per_min, tok_burst, num_tokens, ttl_ms.
+# Returns {admitted (0/1), wait_ms, requests level, tokens level} (levels as strings: Lua
+# numbers returned to Redis are truncated to integers).
+_REFILL = """
+local function refill(key, now, per_min, burst)
+  local level = tonumber(redis.call('HGET', key, 'level'))
+  local ts = tonumber(redis.call('HGET', key, 'ts'))
+  if level == nil then return burst, now end
+  if now > ts then
+    level = math.min(burst, level + (now - ts) * per_min / 60000.0)
+    ts = now
+  end
+  return level, ts
+end
+local function store(key, level, ts, ttl)
+  redis.call('HSET', key, 'level', string.format('%.17g', level), 'ts', string.format('%d', ts))
+  redis.call('PEXPIRE', key, ttl)
+end
+"""
+
+CHECK_SCRIPT = _REFILL + """
+local now = tonumber(ARGV[1])
+local req_per_min, req_burst = tonumber(ARGV[2]), tonumber(ARGV[3])
+local tok_per_min, tok_burst = tonumber(ARGV[4]), tonumber(ARGV[5])
+local cost, ttl = tonumber(ARGV[6]), tonumber(ARGV[7])
+local req, req_ts = refill(KEYS[1], now, req_per_min, req_burst)
+local tok, tok_ts = refill(KEYS[2], now, tok_per_min, tok_burst)
+if req >= 1 and tok >= cost then
+  req = req - 1
+  tok = tok - cost
+  store(KEYS[1], req, req_ts, ttl)
+  store(KEYS[2], tok, tok_ts, ttl)
+  return {1, 0, string.format('%.17g', req), string.format('%.17g', tok)}
+end
+local wait = 0
+if req < 1 then wait = math.max(wait, (1 - req) * 60000.0 / req_per_min) end
+if tok < cost then wait = math.max(wait, (cost - tok) * 60000.0 / tok_per_min) end
+return {0, math.ceil(wait), string.format('%.17g', req), string.format('%.17g', tok)}
+"""
+
+# KEYS: tokens bucket. ARGV: now_ms, tok_per_min, tok_burst, delta (charge > 0, refund < 0),
+# ttl_ms. Returns the new level. A refund never lifts the level above the burst.
+CORRECT_SCRIPT = _REFILL + """
+local now, per_min, burst = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local delta, ttl = tonumber(ARGV[4]), tonumber(ARGV[5])
+local level, ts = refill(KEYS[1], now, per_min, burst)
+level = math.min(burst, level - delta)
+store(KEYS[1], level, ts, ttl)
+return string.format('%.17g', level)
+"""
+
+
+@dataclass(frozen=True)
+class BucketState:
+    """What the x-ratelimit-* headers report after a check."""
+
+    limits: Limits
+    admitted: bool
+    wait_ms: int  # 0 when admitted: how long until this request would be admitted
+    requests_level: float
+    tokens_level: float
+
+    def reset_requests_s(self) -> float:
+        """Seconds until the requests bucket is full again."""
+        missing = self.limits.request_burst - self.requests_level
+        return max(0.0, missing * 60.0 / self.limits.requests_per_minute)
+
+    def reset_tokens_s(self) -> float:
+        missing = self.limits.token_burst - self.tokens_level
+        return max(0.0, missing * 60.0 / self.limits.tokens_per_minute)
+
+    @property
+    def retry_after_s(self) -> int:
+        """Whole seconds (at least 1) after which this request would be admitted."""
+        return max(1, math.ceil(self.wait_ms / 1000.0))
+
+
+class TokenBuckets:
+    """The two buckets of each tenant. `redis` is an asyncio client, `clock` returns wall-clock
+    seconds (shared by every process on the fleet, unlike a monotonic clock)."""
+
+    def __init__(self, redis, key_prefix: str, clock: Callable[[], float]):
+        self._redis = redis
+        self._prefix = key_prefix
+        self._clock = clock
+        self._check = redis.register_script(CHECK_SCRIPT)
+        self._correct = redis.register_script(CORRECT_SCRIPT)
+
+    def keys(self, tenant_id: int) -> tuple[str, str]:
+        base = f"{self._prefix}bucket:{tenant_id}"
+        return f"{base}:requests", f"{base}:tokens"
+
+    def _now_ms(self) -> int:
+        return int(self._clock() * 1000)
+
+    @staticmethod
+    def _ttl_ms(limits: Limits) -> int:
+        # Long enough to refill completely from empty; an expired bucket reads as full.
+        full_ms = max(limits.request_burst * 60000 // limits.requests_per_minute,
+                      limits.token_burst * 60000 // limits.tokens_per_minute)
+        return int(full_ms) + 60_000
+
+    async def check(self, limits: Limits, num_tokens: int) -> BucketState:
+        """Admit and charge one request of `num_tokens` (estimated), or say how long to wait."""
+        admitted, wait_ms, req_level, tok_level = await self._check(
+            keys=list(self.keys(limits.tenant_id)),
+            args=[self._now_ms(), limits.requests_per_minute, limits.request_burst,
+                  limits.tokens_per_minute, limits.token_burst, num_tokens, self._ttl_ms(limits)])
+        return BucketState(limits, bool(int(admitted)), int(wait_ms), float(req_level),
+                           float(tok_level))
+
+    async def correct(self, limits: Limits, delta_tokens: int) -> float:
+        """Charge `delta_tokens` more (negative: refund); the level may go below zero."""
+        level = await self._correct(
+            keys=[self.keys(limits.tenant_id)[1]],
+            args=[self._now_ms(), limits.tokens_per_minute, limits.token_burst, delta_tokens,
+                  self._ttl_ms(limits)])
+        return float(level)
