@@ -1,0 +1,136 @@
+"""Quotas through the API: x-ratelimit headers, 429 + Retry-After, 400 for estimates that can
+never fit, corrections with actual usage (finished and cancelled), limits edits seen."""
+import asyncio
+import json
+
+import pytest
+import redis.asyncio as aioredis
+from asgiref.sync import sync_to_async
+from django.conf import settings
+
+from inference.container import current_container
+from inference.formats.native import NativeFormat
+from inference.pipeline import prepare
+from inference.relay import open_events
+from tenants.buckets import TokenBuckets
+from tenants.models import Tenant
+from tenants.selectors import LimitsCache
+
+pytestmark = [pytest.mark.asyncio, pytest.mark.django_db(transaction=True)]
+
+BODY = {"model": "chat-small", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}
+HEADERS = ["x-ratelimit-limit-requests", "x-ratelimit-remaining-requests",
+           "x-ratelimit-reset-requests", "x-ratelimit-limit-tokens",
+           "x-ratelimit-remaining-tokens", "x-ratelimit-reset-tokens"]
+
+
+async def post(client, body, headers, path="/v1/generate"):
+    return await client.post(path, data=json.dumps(body), content_type="application/json",
+                             headers=headers)
+
+
+async def set_limits(tenant, **fields):
+    await Tenant.objects.filter(pk=tenant.pk).aupdate(**fields)
+
+
+async def tokens_level(tenant) -> float:
+    redis = aioredis.Redis.from_url(settings.REDIS_URL)
+    try:
+        key = TokenBuckets(redis, settings.REDIS_KEY_PREFIX, lambda: 0.0).keys(tenant.pk)[1]
+        return float(await redis.hget(key, "level"))
+    finally:
+        await redis.aclose()
+
+
+async def test_headers_on_json_and_streaming_replies(client, auth, ready_replica):
+    response = await post(client, BODY, auth)
+    assert response.status_code == 200
+    assert all(name in response for name in HEADERS)
+    assert response["x-ratelimit-limit-requests"] == "600"  # tier interactive
+    assert response["x-ratelimit-remaining-requests"] == "599"
+    assert response["x-ratelimit-limit-tokens"] == "200000"
+    estimate = 200_000 - int(response["x-ratelimit-remaining-tokens"])
+    assert estimate == response.json()["usage"]["input_tokens"] + 4
+    assert response["x-ratelimit-reset-requests"] == "100ms"  # 1 request at 10/s
+    stream = await post(client, {**BODY, "stream": True}, auth, "/v1/chat/completions")
+    assert stream.status_code == 200 and all(name in stream for name in HEADERS)
+    assert stream["x-ratelimit-remaining-requests"] == "598"
+    b"".join([chunk async for chunk in stream.streaming_content])
+
+
+async def test_429_with_retry_after_then_a_patient_client_succeeds(client, auth, tenant,
+                                                                    ready_replica):
+    await set_limits(tenant, requests_per_minute=60, request_burst=2)
+    assert (await post(client, BODY, auth)).status_code == 200
+    assert (await post(client, BODY, auth)).status_code == 200
+    refused = await post(client, BODY, auth)
+    assert refused.status_code == 429
+    error = refused.json()["error"]
+    assert error["type"] == "rate_limit_error" and error["code"] == "rate_limit_exceeded"
+    assert "requests" in error["message"]
+    assert refused["Retry-After"] == "1"
+    assert refused["x-ratelimit-remaining-requests"] == "0"
+    assert all(name in refused for name in HEADERS)
+    await asyncio.sleep(int(refused["Retry-After"]))
+    assert (await post(client, BODY, auth)).status_code == 200
+
+
+async def test_tokens_429_retry_after_counts_whole_seconds(client, auth, tenant, ready_replica):
+    await set_limits(tenant, tokens_per_minute=600, token_burst=1000)  # 10 tokens/s
+    first = await post(client, {**BODY, "max_tokens": 400}, auth)
+    assert first.status_code == 200
+    num_prompt = first.json()["usage"]["input_tokens"]
+    refused = await post(client, {**BODY, "max_tokens": 600}, auth)
+    assert refused.status_code == 429 and "tokens" in refused.json()["error"]["message"]
+    missing = (num_prompt + 600) - (1000 - num_prompt - 400)  # before the refill meanwhile
+    assert int(refused["Retry-After"]) in {-(-missing // 10), -(-missing // 10) - 1}
+
+
+async def test_estimate_that_can_never_fit_is_400(client, auth, tenant, ready_replica):
+    await set_limits(tenant, tokens_per_minute=100)
+    response = await post(client, {**BODY, "max_tokens": 200}, auth)
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error["code"] == "tokens_exceed_limit" and error["param"] == "max_tokens"
+    assert "100 tokens" in error["message"]
+
+
+async def test_correction_refunds_the_unused_estimate(client, auth, tenant, ready_replica):
+    await set_limits(tenant, tokens_per_minute=1, token_burst=10_000)  # no visible refill
+    prompt = {**BODY, "messages": [{"role": "user", "content": "[stop] Hi"}], "max_tokens": 50}
+    response = await post(client, prompt, auth)
+    usage = response.json()["usage"]
+    assert usage["output_tokens"] == 3  # estimate charged 50
+    await asyncio.sleep(0.1)  # the correction runs as the request ends
+    level = await tokens_level(tenant)
+    assert 10_000 - level == pytest.approx(usage["input_tokens"] + 3, abs=0.5)
+
+
+async def test_cancelled_request_is_charged_what_it_used(auth, tenant, ready_replica,
+                                                         fake_replica):
+    await set_limits(tenant, tokens_per_minute=1, token_burst=10_000)
+    body = {**BODY, "messages": [{"role": "user", "content": "[slow] Hi"}], "max_tokens": 200,
+            "stream": True}
+    container = current_container()
+    prepared = await prepare(container, "generate", auth["Authorization"], body, None)
+    events = await open_events(container, prepared, NativeFormat())
+    assert (await anext(events)).name == "token"
+    await events.aclose()  # what a client disconnect does to the view's stream
+    num_prompt = len(fake_replica.state.requests[0]["input_ids"])
+    charged = 10_000 - await tokens_level(tenant)
+    assert num_prompt + 0.5 <= charged < num_prompt + 10  # the prompt and the tokens it got
+
+
+async def test_limits_edit_seen_after_the_cache_ttl(tenant):
+    redis = aioredis.Redis.from_url(settings.REDIS_URL)
+    try:
+        cache = LimitsCache(redis, settings.REDIS_KEY_PREFIX + "ttl-test:", ttl_seconds=0.3)
+        assert (await cache.get(tenant.pk)).requests_per_minute == 600
+        await set_limits(tenant, requests_per_minute=7)
+        assert (await cache.get(tenant.pk)).requests_per_minute == 600  # still cached
+        await asyncio.sleep(0.35)
+        limits = await cache.get(tenant.pk)
+        assert limits.requests_per_minute == 7 and limits.request_burst == 7
+    finally:
+        await redis.aclose()
+        await sync_to_async(lambda: None)()
