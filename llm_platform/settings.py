@@ -143,6 +143,8 @@ QUOTA_LIMITS_CACHE_SECONDS = env_float("QUOTA_LIMITS_CACHE_SECONDS", 2.0)
 # django-ratelimit on the API: requests per API key (a coarse abuse guard in front of the
 # per-tenant token buckets, which carry the real limits).
 API_KEY_RATELIMIT = env_str("API_KEY_RATELIMIT", "6000/m")
+# Console (admin) login attempts per client address.
+LOGIN_RATELIMIT = env_str("LOGIN_RATELIMIT", "10/m")
 RATELIMIT_USE_CACHE = "default"
 CACHES = {
     "default": {

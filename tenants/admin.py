@@ -9,7 +9,10 @@ from tenants.services import revoke_api_key
 @admin.register(Tier)
 class TierAdmin(admin.ModelAdmin):
     list_display = ("name", "priority", "ttft_target_ms", "tpot_target_ms",
-                    "requests_per_minute", "tokens_per_minute")
+                    "requests_per_minute", "tokens_per_minute", "request_burst", "token_burst",
+                    "max_queue_wait_ms")
+    list_editable = ("priority", "requests_per_minute", "tokens_per_minute", "request_burst",
+                     "token_burst", "max_queue_wait_ms")
 
 
 class ApiKeyInline(admin.TabularInline):
@@ -25,7 +28,9 @@ class ApiKeyInline(admin.TabularInline):
 
 @admin.register(Tenant)
 class TenantAdmin(admin.ModelAdmin):
-    list_display = ("name", "tier", "is_active", "created_at")
+    # Limit edits reach every platform process within settings.QUOTA_LIMITS_CACHE_SECONDS.
+    list_display = ("name", "tier", "is_active", "requests_per_minute", "tokens_per_minute",
+                    "request_burst", "token_burst", "created_at")
     list_filter = ("tier", "is_active")
     search_fields = ("name",)
     inlines = [ApiKeyInline]

@@ -10,6 +10,7 @@ from inference.formats import FORMATS
 from inference.pipeline import Prepared, decode_body, prepare
 from inference.relay import complete, open_events, sse_bytes
 from inference.views.errors import api_endpoint
+from inference.views.key_ratelimit import check_key_rate
 
 
 def _content_length(request) -> int:
@@ -22,6 +23,7 @@ def _content_length(request) -> int:
 async def _serve(request, endpoint: str):
     if _content_length(request) > settings.API_MAX_BODY_BYTES:
         raise PayloadTooLarge(f"The request body exceeds {settings.API_MAX_BODY_BYTES} bytes.")
+    await check_key_rate(request)
     container = current_container()
     outcome = await prepare(
         container,
