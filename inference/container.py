@@ -16,6 +16,7 @@ import redis.asyncio as aioredis
 from django.apps import apps
 from django.conf import settings
 
+from inference.admission import ADMISSION_POLICIES, AdmissionQueue
 from inference.idempotency import IdempotencyStore
 from inference.replica_client import ReplicaClient
 from inference.router import OutstandingTokens, ReplicaDirectory, Router, ServingCatalog
@@ -37,6 +38,7 @@ class Container:
     idempotency: IdempotencyStore
     limits: LimitsCache
     buckets: TokenBuckets
+    admission: AdmissionQueue
 
     async def close(self) -> None:
         await self.replica_client.close()
@@ -69,6 +71,9 @@ def build_container(tokenizers: TokenizerCache) -> Container:
         limits=LimitsCache(redis, prefix, settings.QUOTA_LIMITS_CACHE_SECONDS),
         # Wall-clock time: bucket timestamps are compared across processes.
         buckets=TokenBuckets(redis, prefix, time.time),
+        admission=AdmissionQueue(redis, prefix, time.time,
+                                 ADMISSION_POLICIES[settings.ADMISSION_POLICY](),
+                                 max_queue=settings.ADMISSION_MAX_QUEUE),
     )
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from contextlib import aclosing
 from dataclasses import asdict, dataclass, field
@@ -19,6 +20,7 @@ from django.conf import settings
 
 from billing.models import UsageRecord
 from billing.services import UsageEvent, record_usage
+from inference.admission import QueueFull, QueueTimeout, Slot, Waiter
 from inference.container import Container
 from inference.errors import InvalidRequest, ReplicaFailed, ServiceUnavailable
 from inference.pipeline import Prepared
@@ -98,6 +100,32 @@ def replica_request(prepared: Prepared) -> ReplicaRequest:
     )
 
 
+async def _admit(container: Container, prepared: Prepared) -> Slot | None:
+    """A slot of the model version's admission queue; None when no replica is ready (the
+    router then answers 503). Raises 503 when the queue is full or the tier's wait bound passes."""
+    num_ready = await container.router.num_ready(prepared.target.model_version_id)
+    if num_ready == 0:
+        return None
+    limits = prepared.charge.limits
+    waiter = Waiter(tenant=str(limits.tenant_id), priority=limits.priority,
+                    cost_tokens=prepared.charge.estimated_tokens,
+                    max_wait_s=limits.max_queue_wait_ms / 1000.0)
+    try:
+        return await container.admission.admit(prepared.target.model_version_id, waiter,
+                                               num_ready * settings.ADMISSION_SLOTS_PER_REPLICA)
+    except QueueFull:
+        raise ServiceUnavailable(
+            f"'{prepared.target.model_name}' is at capacity and its queue is full; retry later.",
+            code="queue_full",
+            headers={"Retry-After": str(settings.ADMISSION_FULL_RETRY_AFTER_SECONDS)}) from None
+    except QueueTimeout:
+        raise ServiceUnavailable(
+            f"'{prepared.target.model_name}' is at capacity: no slot within your tier's "
+            f"{limits.max_queue_wait_ms} ms wait bound; retry later.", code="queue_timeout",
+            headers={"Retry-After": str(max(1, math.ceil(limits.max_queue_wait_ms / 1000)))},
+        ) from None
+
+
 async def generate(container: Container, prepared: Prepared) -> AsyncIterator[Delta | Done]:
     clock = container.clock
     progress = _Progress(started=clock())
@@ -106,7 +134,9 @@ async def generate(container: Container, prepared: Prepared) -> AsyncIterator[De
                          prepared.max_tokens)
     request = replica_request(prepared)
     tried: set[int] = set()
+    slot: Slot | None = None
     try:
+        slot = await _admit(container, prepared)
         while True:
             try:
                 lease = await container.router.acquire(
@@ -174,11 +204,16 @@ async def generate(container: Container, prepared: Prepared) -> AsyncIterator[De
         raise
     finally:
         # Shielded: a second cancellation must not lose the usage row or the key's state.
-        await asyncio.shield(_finish(container, prepared, progress, result))
+        await asyncio.shield(_finish(container, prepared, progress, result, slot))
 
 
 async def _finish(container: Container, prepared: Prepared, progress: _Progress,
-                  result: Result | None) -> None:
+                  result: Result | None, slot: Slot | None) -> None:
+    if slot is not None:
+        try:
+            await slot.release()
+        except Exception:  # noqa: BLE001 - the slot expires after its TTL anyway
+            logger.exception("admission slot release failed for %s", prepared.request_id)
     try:
         if prepared.claim is not None:
             if result is not None:

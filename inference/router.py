@@ -152,6 +152,9 @@ class Router:
         self._counter = counter
         self._rng = rng
 
+    async def num_ready(self, model_version_id: int) -> int:
+        return len(await self._directory.ready(model_version_id))
+
     def policy(self, name: str) -> RoutingPolicy:
         factory = POLICIES.get(name, LeastOutstandingTokens)
         return factory(self._rng)

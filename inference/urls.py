@@ -2,6 +2,7 @@ from django.urls import path
 
 from inference.views.catalog import healthz_view, models_view, readyz_view
 from inference.views.generation import chat_completions_view, completions_view, generate_view
+from inference.views.metrics import metrics_view
 
 urlpatterns = [
     path("v1/generate", generate_view),
@@ -10,4 +11,5 @@ urlpatterns = [
     path("v1/models", models_view),
     path("healthz", healthz_view),
     path("readyz", readyz_view),
+    path("metrics", metrics_view),
 ]

@@ -143,6 +143,14 @@ QUOTA_LIMITS_CACHE_SECONDS = env_float("QUOTA_LIMITS_CACHE_SECONDS", 2.0)
 # django-ratelimit on the API: requests per API key (a coarse abuse guard in front of the
 # per-tenant token buckets, which carry the real limits).
 API_KEY_RATELIMIT = env_str("API_KEY_RATELIMIT", "6000/m")
+# The admission queue (per model version, shared in Redis): slots per ready replica (how many
+# requests run at once on one replica before others wait), the most requests waiting, the
+# waiting order (fair_share: tier, then least-served tenant; fifo: tier, then arrival).
+ADMISSION_SLOTS_PER_REPLICA = env_int("ADMISSION_SLOTS_PER_REPLICA", 16)
+ADMISSION_MAX_QUEUE = env_int("ADMISSION_MAX_QUEUE", 256)
+ADMISSION_POLICY = env_str("ADMISSION_POLICY", "fair_share")
+# Retry-After (seconds) with the 503 for a full queue.
+ADMISSION_FULL_RETRY_AFTER_SECONDS = env_int("ADMISSION_FULL_RETRY_AFTER_SECONDS", 2)
 # Console (admin) login attempts per client address.
 LOGIN_RATELIMIT = env_str("LOGIN_RATELIMIT", "10/m")
 RATELIMIT_USE_CACHE = "default"
