@@ -1,0 +1,149 @@
+"""The admission queue on the real Redis: tier order, fair share within a tier (and FIFO for
+contrast), work conservation, the queue bound, the wait bound, cancellation, metrics."""
+import asyncio
+import time
+import uuid
+
+import pytest
+import pytest_asyncio
+import redis.asyncio as aioredis
+from django.conf import settings
+
+from inference.admission import (
+    AdmissionQueue,
+    FairShare,
+    Fifo,
+    QueueFull,
+    QueueTimeout,
+    Waiter,
+)
+from inference.metrics import admission_metrics
+
+pytestmark = pytest.mark.asyncio
+
+
+@pytest_asyncio.fixture
+async def redis():
+    client = aioredis.Redis.from_url(settings.REDIS_URL)
+    yield client
+    await client.aclose()
+
+
+def make_queue(redis, policy=None, max_queue=100) -> AdmissionQueue:
+    # A fresh prefix per test: its own counters and virtual clock.
+    prefix = f"{settings.REDIS_KEY_PREFIX}{uuid.uuid4().hex[:6]}:"
+    return AdmissionQueue(redis, prefix, time.time, policy or FairShare(), max_queue=max_queue,
+                          poll_s=0.005)
+
+
+def waiter(tenant, priority=10, cost=10, max_wait_s=10.0) -> Waiter:
+    return Waiter(tenant=tenant, priority=priority, cost_tokens=cost, max_wait_s=max_wait_s)
+
+
+async def admission_order(queue, waiters: list[tuple[str, Waiter]]) -> list[str]:
+    """With one slot held, queue `waiters` in this order, then release slots one by one and
+    return the names in the order they were admitted."""
+    holder = await queue.admit(1, waiter("holder"), capacity=1)
+    order: list[str] = []
+    slots = {}
+
+    async def wait_for(name, w):
+        slots[name] = await queue.admit(1, w, capacity=1)
+        order.append(name)
+
+    tasks = []
+    for name, w in waiters:
+        tasks.append(asyncio.create_task(wait_for(name, w)))
+        await asyncio.sleep(0.02)  # arrival order is the listed order
+    assert order == []
+    await holder.release()
+    for k in range(len(waiters)):
+        for _ in range(400):
+            if len(order) > k:
+                break
+            await asyncio.sleep(0.005)
+        await asyncio.sleep(0.03)  # nobody else may get in while the one slot is held
+        assert len(order) == k + 1
+        await slots[order[k]].release()
+    await asyncio.gather(*tasks)
+    return order
+
+
+async def test_higher_tier_first(redis):
+    queue = make_queue(redis)
+    order = await admission_order(queue, [("batch", waiter("b", priority=20)),
+                                          ("standard", waiter("s", priority=10)),
+                                          ("interactive", waiter("i", priority=0))])
+    assert order == ["interactive", "standard", "batch"]
+
+
+async def test_least_served_tenant_first_within_a_tier(redis):
+    queue = make_queue(redis)
+    burst = [(f"a{i}", waiter("A")) for i in range(3)]
+    order = await admission_order(queue, [*burst, ("b0", waiter("B")), ("b1", waiter("B"))])
+    # A arrived first with 3; after each A admission B has been served less.
+    assert order == ["a0", "b0", "a1", "b1", "a2"]
+
+
+async def test_fifo_policy_is_arrival_order(redis):
+    queue = make_queue(redis, policy=Fifo())
+    burst = [(f"a{i}", waiter("A")) for i in range(3)]
+    order = await admission_order(queue, [*burst, ("b0", waiter("B"))])
+    assert order == ["a0", "a1", "a2", "b0"]
+
+
+async def test_returning_tenant_gets_no_credit_for_idle_time(redis):
+    queue = make_queue(redis)
+    for _ in range(5):  # A alone: served 50 virtual tokens, all idle capacity (work-conserving)
+        await (await queue.admit(1, waiter("A"), capacity=1)).release()
+    # B arrives after A's solo run: caught up to the virtual clock, so it does not get 5 turns.
+    order = await admission_order(queue, [("a", waiter("A")), ("b0", waiter("B")),
+                                          ("b1", waiter("B"))])
+    assert order.index("a") < order.index("b1")
+
+
+async def test_work_conserving_lone_tenant_fills_every_slot(redis):
+    queue = make_queue(redis)
+    slots = [await asyncio.wait_for(queue.admit(1, waiter("A"), capacity=3), 1.0)
+             for _ in range(3)]
+    assert all(s.waited_s < 0.5 for s in slots)
+    for slot in slots:
+        await slot.release()
+
+
+async def test_queue_full_and_wait_bound(redis):
+    queue = make_queue(redis, max_queue=1)
+    holder = await queue.admit(1, waiter("A"), capacity=1)
+    started = time.monotonic()
+    task = asyncio.create_task(queue.admit(1, waiter("B", max_wait_s=0.3), capacity=1))
+    await asyncio.sleep(0.05)
+    with pytest.raises(QueueFull):  # one waiting already: the bound is 1
+        await queue.admit(1, waiter("C"), capacity=1)
+    with pytest.raises(QueueTimeout):
+        await task
+    assert 0.3 <= time.monotonic() - started < 1.0
+    waiting_key = queue.keys(1)[0]
+    assert await redis.hlen(waiting_key) == 0  # the timed-out waiter left
+    text = await admission_metrics(redis, queue)
+    assert 'llmp_admission_rejected_total{model_version="1",reason="full"} 1' in text
+    assert 'llmp_admission_rejected_total{model_version="1",reason="timeout"} 1' in text
+    assert 'llmp_admission_slots_in_use{model_version="1"} 1' in text
+    await holder.release()
+
+
+async def test_cancelled_waiter_leaves_and_slot_goes_on(redis):
+    queue = make_queue(redis)
+    holder = await queue.admit(1, waiter("A"), capacity=1)
+    cancelled = asyncio.create_task(queue.admit(1, waiter("B"), capacity=1))
+    patient = asyncio.create_task(queue.admit(1, waiter("C"), capacity=1))
+    await asyncio.sleep(0.05)
+    cancelled.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await cancelled
+    text = await admission_metrics(redis, queue)
+    assert 'llmp_admission_queue_depth{model_version="1"} 1' in text
+    await holder.release()
+    slot = await asyncio.wait_for(patient, 1.0)
+    await slot.release()
+    text = await admission_metrics(redis, queue)
+    assert 'llmp_admission_wait_seconds_count{model_version="1"} 2' in text
