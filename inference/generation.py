@@ -96,7 +96,9 @@ def replica_request(prepared: Prepared) -> ReplicaRequest:
         seed=sampling.seed,
         stop=sampling.stop,
         priority=prepared.charge.limits.priority,
-        tenant=str(prepared.principal.tenant_id),
+        # ENGINE_FAIR_SHARE off (a benchmark baseline): one fair-share unit for everybody.
+        tenant=str(prepared.principal.tenant_id) if settings.ENGINE_FAIR_SHARE else "shared",
+        cache_salt=str(prepared.principal.tenant_id),
     )
 
 

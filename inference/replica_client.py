@@ -25,7 +25,8 @@ class ReplicaRequest:
     seed: int | None
     stop: tuple[str, ...]
     priority: int  # lower first
-    tenant: str  # fair-share unit and prefix-cache salt
+    tenant: str  # the engine's fair-share unit
+    cache_salt: str = ""  # prefix-cache isolation; "" = the tenant
 
 
 @dataclass(frozen=True)

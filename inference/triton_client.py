@@ -51,7 +51,7 @@ def build_inputs(request: ReplicaRequest) -> list[InferInput]:
         tensor("sampling_parameters", text(json.dumps(sampling)), "BYTES"),
         tensor("exclude_input_in_output", np.array([True], dtype=bool), "BOOL"),
         tensor("priority", np.array([request.priority], dtype=np.int32), "INT32"),
-        tensor("cache_salt", text(request.tenant), "BYTES"),
+        tensor("cache_salt", text(request.cache_salt or request.tenant), "BYTES"),
         tensor("tenant", text(request.tenant), "BYTES"),
     ]
     if request.prompt_token_ids is not None:

@@ -149,6 +149,9 @@ API_KEY_RATELIMIT = env_str("API_KEY_RATELIMIT", "6000/m")
 ADMISSION_SLOTS_PER_REPLICA = env_int("ADMISSION_SLOTS_PER_REPLICA", 16)
 ADMISSION_MAX_QUEUE = env_int("ADMISSION_MAX_QUEUE", 256)
 ADMISSION_POLICY = env_str("ADMISSION_POLICY", "fair_share")
+# Whether the engine shares capacity fairly between tenants (the platform sends the tenant as
+# the engine's fair-share unit); off only to measure the baseline (benchmarks/fairness.py).
+ENGINE_FAIR_SHARE = env_bool("ENGINE_FAIR_SHARE", True)
 # Retry-After (seconds) with the 503 for a full queue.
 ADMISSION_FULL_RETRY_AFTER_SECONDS = env_int("ADMISSION_FULL_RETRY_AFTER_SECONDS", 2)
 # Console (admin) login attempts per client address.

@@ -13,7 +13,7 @@ from inference.formats.native import NativeFormat
 from inference.pipeline import prepare
 from inference.relay import open_events
 from tenants.buckets import TokenBuckets
-from tenants.models import Tenant
+from tenants.models import Tenant, Tier
 from tenants.selectors import LimitsCache
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.django_db(transaction=True)]
@@ -134,3 +134,11 @@ async def test_limits_edit_seen_after_the_cache_ttl(tenant):
     finally:
         await redis.aclose()
         await sync_to_async(lambda: None)()
+
+
+async def test_tier_priority_and_tenant_reach_the_replica(client, auth, tenant, ready_replica,
+                                                          fake_replica):
+    await Tier.objects.filter(name="interactive").aupdate(priority=3)  # an admin edit
+    assert (await post(client, BODY, auth)).status_code == 200
+    sent = fake_replica.state.requests[-1]
+    assert sent["priority"] == 3 and sent["tenant"] == str(tenant.pk)
