@@ -29,6 +29,7 @@ class Fleet:
     metrics_address: str
     services: Services
     procs: list[subprocess.Popen] = field(default_factory=list)
+    env: dict = field(default_factory=dict)  # the platform processes' environment
 
     def stop(self) -> None:
         for proc in reversed(self.procs):
@@ -78,7 +79,7 @@ def start_fleet(replica: str = "smollm2") -> Fleet:
     env = {**os.environ, "DJANGO_SETTINGS_MODULE": "llm_platform.settings",
            "DATABASE_URL": database_url, "REDIS_URL": services.redis_url,
            "REDIS_KEY_PREFIX": f"llmp-bench-{uuid.uuid4().hex[:8]}:", "LOG_LEVEL": "WARNING"}
-    fleet = Fleet("", "", "", "", services)
+    fleet = Fleet("", "", "", "", services, env=env)
     try:
         manage = [sys.executable, "manage.py"]
         subprocess.run([*manage, "migrate", "--noinput"], cwd=REPO, env=env, check=True,
