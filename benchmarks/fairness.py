@@ -1,0 +1,198 @@
+"""python -m benchmarks.fairness [--out FILE.json]: one tenant's burst must not starve another.
+
+One real SmolLM2 replica, two platform front ends on it (two daphne processes, each with its
+own Redis key prefix): `fair` (admission queue `fair_share`, the engine's per-tenant fair
+share) and `unfair` (admission `fifo`, one fair-share unit for everybody in the engine). Both
+tenants are in the same tier, so only fair share separates them. For each front end, three
+phases of `--phase-s` seconds, open loop (requests are sent on a clock, not after replies):
+  1. B alone: steady interactive traffic (`--b-rate` requests/s);
+  2. A alone: bursting at 10x B's rate (what the replica serves flat out: the capacity);
+  3. both.
+Reports B's p99 TTFT in phase 3 / phase 1 (`victim_slowdown`, target <= 1.5), A's output
+tokens/s in phase 3 as a share of the capacity B left idle (`a_idle_share`: work
+conservation), and how many of each tenant's requests were refused (503) or failed.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+
+import httpx
+
+from benchmarks.fleet import REPO, _start, _wait, start_fleet
+from scripts.services import free_port
+
+SUBJECTS = ["a lighthouse", "a fox", "the moon", "a robot", "a river", "an old clock"]
+
+CREATE_TENANTS = """
+from tenants.services import create_api_key, create_tenant
+import json
+keys = {}
+for name in NAMES:
+    tenant = create_tenant(name, "standard")
+    tenant.requests_per_minute = tenant.tokens_per_minute = 10**7  # measure scheduling only
+    tenant.save()
+    keys[name] = create_api_key(tenant).raw_key
+print(json.dumps(keys))
+"""
+
+
+@dataclass(frozen=True)
+class Sample:
+    tenant: str
+    status: int  # HTTP status; 0 = the stream failed after it started
+    ttft_s: float
+    output_tokens: int
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    return ordered[min(len(ordered) - 1, max(0, round(q / 100 * len(ordered) + 0.5) - 1))]
+
+
+async def one_request(http: httpx.AsyncClient, base_url: str, tenant: str, key: str,
+                      index: int, max_tokens: int) -> Sample:
+    body = {"model": "chat-small", "stream": True, "max_tokens": max_tokens, "temperature": 0.0,
+            "messages": [{"role": "user", "content":
+                          f"Write a short story about {SUBJECTS[index % len(SUBJECTS)]}."}]}
+    start = time.perf_counter()
+    ttft, tokens, event = None, 0, None
+    async with http.stream("POST", base_url + "/v1/generate", json=body,
+                           headers={"Authorization": f"Bearer {key}"}) as response:
+        if response.status_code != 200:
+            await response.aread()
+            return Sample(tenant, response.status_code, time.perf_counter() - start, 0)
+        async for line in response.aiter_lines():
+            if line.startswith("event: "):
+                event = line[7:]
+            elif line.startswith("data: ") and event == "token" and ttft is None:
+                ttft = time.perf_counter() - start
+            elif line.startswith("data: ") and event == "done":
+                tokens = json.loads(line[6:])["usage"]["output_tokens"]
+            elif line.startswith("data: ") and event == "error":
+                return Sample(tenant, 0, time.perf_counter() - start, 0)
+    return Sample(tenant, 200, ttft or 0.0, tokens)
+
+
+async def phase(http, base_url: str, keys: dict, rates: dict[str, float], seconds: float,
+                max_tokens: int) -> tuple[list[Sample], float]:
+    """Open loop: each tenant sends at its rate for `seconds`; waits for every reply."""
+    tasks: list[asyncio.Task] = []
+    start = time.perf_counter()
+
+    async def sender(tenant: str, rate: float):
+        for i in range(int(seconds * rate)):
+            delay = start + i / rate - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.create_task(
+                one_request(http, base_url, tenant, keys[tenant], i, max_tokens)))
+
+    await asyncio.gather(*(sender(t, r) for t, r in rates.items() if r > 0))
+    samples = list(await asyncio.gather(*tasks))
+    return samples, time.perf_counter() - start
+
+
+def summarize(samples: list[Sample], wall: float) -> dict:
+    out = {}
+    for tenant in sorted({s.tenant for s in samples}):
+        mine = [s for s in samples if s.tenant == tenant]
+        ok = [s for s in mine if s.status == 200]
+        out[tenant] = {
+            "sent": len(mine), "ok": len(ok),
+            "refused_503": sum(s.status == 503 for s in mine),
+            "failed": sum(s.status not in (200, 503) for s in mine),
+            "ttft_p50_ms": round(percentile([s.ttft_s for s in ok], 50) * 1000, 1),
+            "ttft_p99_ms": round(percentile([s.ttft_s for s in ok], 99) * 1000, 1),
+            "output_tokens_per_s": round(sum(s.output_tokens for s in ok) / wall, 2),
+        }
+    return out
+
+
+async def measure(base_url: str, keys: dict, args) -> dict:
+    limits = httpx.Limits(max_connections=512, max_keepalive_connections=64)
+    async with httpx.AsyncClient(timeout=600, limits=limits) as http:
+        await phase(http, base_url, keys, {"B": 1.0}, 2, args.max_tokens)  # warm-up
+        b_alone = summarize(*await phase(http, base_url, keys, {"B": args.b_rate},
+                                         args.phase_s, args.max_tokens))
+        a_alone = summarize(*await phase(http, base_url, keys, {"A": 10 * args.b_rate},
+                                         args.phase_s, args.max_tokens))
+        both = summarize(*await phase(http, base_url, keys,
+                                      {"A": 10 * args.b_rate, "B": args.b_rate},
+                                      args.phase_s, args.max_tokens))
+    capacity = a_alone["A"]["output_tokens_per_s"]
+    idle = max(1e-9, capacity - both["B"]["output_tokens_per_s"])
+    return {
+        "victim_slowdown": round(both["B"]["ttft_p99_ms"] / b_alone["B"]["ttft_p99_ms"], 3),
+        "a_idle_share": round(both["A"]["output_tokens_per_s"] / idle, 3),
+        "capacity_tokens_per_s": capacity,
+        "b_alone": b_alone["B"], "a_alone": a_alone["A"], "both": both,
+    }
+
+
+def run(args) -> dict:
+    os.environ.update({"ADMISSION_SLOTS_PER_REPLICA": str(args.slots),
+                       "ADMISSION_POLICY": "fair_share", "ENGINE_FAIR_SHARE": "1"})
+    fleet = start_fleet("smollm2")
+    try:
+        tag = uuid.uuid4().hex[:6]
+        names = {"A": f"burst-{tag}", "B": f"steady-{tag}"}
+        script = f"NAMES = {list(names.values())!r}\n" + CREATE_TENANTS
+        created = subprocess.run([sys.executable, "manage.py", "shell", "-c", script], cwd=REPO, env=fleet.env, check=True,
+                                 capture_output=True, text=True).stdout
+        raw = json.loads(created.strip().splitlines()[-1])
+        keys = {short: raw[name] for short, name in names.items()}
+        port = free_port()
+        unfair_env = {**fleet.env, "ADMISSION_POLICY": "fifo", "ENGINE_FAIR_SHARE": "0",
+                      "REDIS_KEY_PREFIX": fleet.env["REDIS_KEY_PREFIX"] + "unfair:"}
+        unfair = _start("daphne-unfair", ["-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
+                                          "llm_platform.asgi:application"], unfair_env)
+        fleet.procs.append(unfair)
+        _wait(f"http://127.0.0.1:{port}/readyz", unfair, 60)
+        result = {"fair": asyncio.run(measure(fleet.base_url, keys, args)),
+                  "unfair": asyncio.run(measure(f"http://127.0.0.1:{port}", keys, args))}
+    finally:
+        fleet.stop()
+    return {
+        "victim_slowdown": result["fair"]["victim_slowdown"],
+        "victim_slowdown_fairness_off": result["unfair"]["victim_slowdown"],
+        "a_idle_share": result["fair"]["a_idle_share"],
+        "a_idle_share_fairness_off": result["unfair"]["a_idle_share"],
+        "targets": {"victim_slowdown": "<= 1.5"},
+        "settings": {"b_rate_per_s": args.b_rate, "a_rate_per_s": 10 * args.b_rate,
+                     "phase_s": args.phase_s, "max_tokens": args.max_tokens,
+                     "slots_per_replica": args.slots, "cpu_count": os.cpu_count()},
+        **result,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=None)
+    parser.add_argument("--b-rate", type=float, default=0.5, help="B's requests/s")
+    parser.add_argument("--phase-s", type=float, default=20.0)
+    parser.add_argument("--max-tokens", type=int, default=8)
+    parser.add_argument("--slots", type=int, default=2, help="admission slots per replica")
+    args = parser.parse_args()
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "llm_platform.settings")
+    result = run(args)
+    for key in ("victim_slowdown", "victim_slowdown_fairness_off", "a_idle_share",
+                "a_idle_share_fairness_off"):
+        print(f"{key:30s} {result[key]}")
+    print(json.dumps({k: result[k] for k in ("fair", "unfair")}, indent=1))
+    if args.out:
+        with open(args.out, "w") as fh:
+            json.dump(result, fh, indent=2)
+
+
+if __name__ == "__main__":
+    main()
