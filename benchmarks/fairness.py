@@ -50,6 +50,7 @@ class Sample:
     status: int  # HTTP status; 0 = the stream failed after it started
     ttft_s: float
     output_tokens: int
+    error_code: str = ""
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -70,7 +71,11 @@ async def one_request(http: httpx.AsyncClient, base_url: str, tenant: str, key: 
                            headers={"Authorization": f"Bearer {key}"}) as response:
         if response.status_code != 200:
             await response.aread()
-            return Sample(tenant, response.status_code, time.perf_counter() - start, 0)
+            try:
+                code = response.json()["error"]["code"]
+            except (ValueError, KeyError, TypeError):
+                code = "?"
+            return Sample(tenant, response.status_code, time.perf_counter() - start, 0, code)
         async for line in response.aiter_lines():
             if line.startswith("event: "):
                 event = line[7:]
@@ -79,7 +84,7 @@ async def one_request(http: httpx.AsyncClient, base_url: str, tenant: str, key: 
             elif line.startswith("data: ") and event == "done":
                 tokens = json.loads(line[6:])["usage"]["output_tokens"]
             elif line.startswith("data: ") and event == "error":
-                return Sample(tenant, 0, time.perf_counter() - start, 0)
+                return Sample(tenant, 0, time.perf_counter() - start, 0, "stream_error")
     return Sample(tenant, 200, ttft or 0.0, tokens)
 
 
@@ -111,6 +116,8 @@ def summarize(samples: list[Sample], wall: float) -> dict:
             "sent": len(mine), "ok": len(ok),
             "refused_503": sum(s.status == 503 for s in mine),
             "failed": sum(s.status not in (200, 503) for s in mine),
+            "error_codes": {c: sum(s.error_code == c for s in mine)
+                            for c in sorted({s.error_code for s in mine if s.error_code})},
             "ttft_p50_ms": round(percentile([s.ttft_s for s in ok], 50) * 1000, 1),
             "ttft_p99_ms": round(percentile([s.ttft_s for s in ok], 99) * 1000, 1),
             "output_tokens_per_s": round(sum(s.output_tokens for s in ok) / wall, 2),

@@ -46,6 +46,7 @@ end
 local function vt(tenant) return tonumber(redis.call('HGET', K_VT, tenant) or '0') end
 %(pick)s
 local function pump(now, capacity, slot_ttl)
+  purge(now)  -- a dead waiter must never be handed a slot
   while redis.call('ZCARD', K_RUN) < capacity do
     local all = redis.call('HGETALL', K_WAIT)
     if #all == 0 then return end
@@ -118,9 +119,12 @@ if not raw then return -2 end
 local w = cjson.decode(raw)
 w.hb = now + hb_ms
 redis.call('HSET', K_WAIT, ticket, cjson.encode(w))
-purge(now)
-pump(now, capacity, slot_ttl)
-if redis.call('ZSCORE', K_RUN, ticket) then return 1 end
+-- Releases pump, so a poll only has to when slots are free (a slot expired, capacity grew):
+-- the common poll is O(1), not a scan of the queue.
+if redis.call('ZCARD', K_RUN) < capacity then
+  pump(now, capacity, slot_ttl)
+  if redis.call('ZSCORE', K_RUN, ticket) then return 1 end
+end
 return 0
 """
 

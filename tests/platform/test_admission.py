@@ -147,3 +147,21 @@ async def test_cancelled_waiter_leaves_and_slot_goes_on(redis):
     await slot.release()
     text = await admission_metrics(redis, queue)
     assert 'llmp_admission_wait_seconds_count{model_version="1"} 2' in text
+
+
+async def test_dead_waiter_is_never_handed_a_slot(redis):
+    clock = [1_000_000.0]
+    prefix = f"{settings.REDIS_KEY_PREFIX}{uuid.uuid4().hex[:6]}:"
+    queue = AdmissionQueue(redis, prefix, lambda: clock[0], FairShare(), max_queue=10,
+                           heartbeat_s=5.0, poll_s=0.005)
+    holder = await queue.admit(1, waiter("A"), capacity=1)
+    # A process that queued and then died: it never polls again.
+    await queue._enter(keys=queue.keys(1), args=[int(clock[0] * 1000), "dead", 0, "D", 1, 1,
+                                                 10, 5000, 900_000])
+    clock[0] += 10  # its heartbeat lapses
+    live = asyncio.create_task(queue.admit(1, waiter("B"), capacity=1))
+    await asyncio.sleep(0.05)
+    await holder.release()
+    slot = await asyncio.wait_for(live, 1.0)
+    assert await redis.zscore(queue.keys(1)[1], "dead") is None
+    await slot.release()
