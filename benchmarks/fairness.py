@@ -149,7 +149,8 @@ async def measure(base_url: str, keys: dict, args) -> dict:
 def run(args) -> dict:
     os.environ.update({"ADMISSION_SLOTS_PER_REPLICA": str(args.slots),
                        "ADMISSION_POLICY": "fair_share", "ENGINE_FAIR_SHARE": "1"})
-    fleet = start_fleet("smollm2")
+    # Its own database: another benchmark's start_fleet would mark this replica stopped.
+    fleet = start_fleet("smollm2", database="llm_platform_bench_fairness")
     try:
         tag = uuid.uuid4().hex[:6]
         names = {"A": f"burst-{tag}", "B": f"steady-{tag}"}
@@ -188,7 +189,7 @@ def main() -> None:
     parser.add_argument("--b-rate", type=float, default=0.5, help="B's requests/s")
     parser.add_argument("--phase-s", type=float, default=20.0)
     parser.add_argument("--max-tokens", type=int, default=8)
-    parser.add_argument("--slots", type=int, default=2, help="admission slots per replica")
+    parser.add_argument("--slots", type=int, default=4, help="admission slots per replica")
     args = parser.parse_args()
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "llm_platform.settings")
     result = run(args)

@@ -70,11 +70,12 @@ def _wait_port(port: int, proc: subprocess.Popen, deadline_s: float) -> None:
     wait_port(port, proc, str(proc.args), deadline_s)
 
 
-def start_fleet(replica: str = "smollm2") -> Fleet:
+def start_fleet(replica: str = "smollm2", database: str = "llm_platform_bench") -> Fleet:
     """`replica`: "smollm2" (the real engine in tritonserver) or "fake" (tests/fakes: Triton's
-    gRPC protocol with a model that costs nothing, to isolate what the platform itself adds)."""
+    gRPC protocol with a model that costs nothing, to isolate what the platform itself adds).
+    `database`: a benchmark's own database (start_fleet stops every replica registered there)."""
     services = ensure_services(REPO / "var", log=lambda *_: None)
-    database_url = urlparse(services.database_url)._replace(path="/llm_platform_bench").geturl()
+    database_url = urlparse(services.database_url)._replace(path="/" + database).geturl()
     ensure_database(database_url)
     env = {**os.environ, "DJANGO_SETTINGS_MODULE": "llm_platform.settings",
            "DATABASE_URL": database_url, "REDIS_URL": services.redis_url,

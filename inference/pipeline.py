@@ -2,6 +2,7 @@
 the Idempotency-Key. Shared by the HTTP views and the WebSocket consumer."""
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import uuid
@@ -18,7 +19,6 @@ from inference.errors import (
     ServiceUnavailable,
     Unauthorized,
 )
-from inference.errors import ApiError
 from inference.idempotency import Claim, Replay, fingerprint, validate_key
 from inference.quota import Charge, admit
 from inference.schemas import GenerationRequest, parse_request
@@ -116,7 +116,7 @@ def _max_tokens(request: GenerationRequest, num_prompt_tokens: int, context_leng
 
 async def prepare(container: Container, endpoint: str, authorization: str | None,
                   body: object, idempotency_key: str | None) -> Prepared | Replayed:
-    """Raises ApiError subclasses for every refusal (401, 400, 404, 409, 422)."""
+    """Raises ApiError subclasses for every refusal (401, 400, 404, 409, 422, 429)."""
     principal = await authenticate_header(container, authorization)
     request = parse_request(endpoint, body)
     target = await container.catalog.get(request.model, principal.tenant_id)
@@ -135,9 +135,9 @@ async def prepare(container: Container, endpoint: str, authorization: str | None
     try:
         limits = await container.limits.get(principal.tenant_id)
         charge = await admit(container.buckets, limits, len(prompt_ids), max_tokens)
-    except ApiError:
+    except BaseException:  # refused (429/400) or broken: the client may retry with the key
         if claim is not None:
-            await container.idempotency.abandon(claim)
+            await asyncio.shield(container.idempotency.abandon(claim))
         raise
     return Prepared(
         request_id=uuid.uuid4().hex,

@@ -5,7 +5,6 @@ import json
 
 import pytest
 import redis.asyncio as aioredis
-from asgiref.sync import sync_to_async
 from django.conf import settings
 
 from inference.container import current_container
@@ -133,7 +132,6 @@ async def test_limits_edit_seen_after_the_cache_ttl(tenant):
         assert limits.requests_per_minute == 7 and limits.request_burst == 7
     finally:
         await redis.aclose()
-        await sync_to_async(lambda: None)()
 
 
 async def test_tier_priority_and_tenant_reach_the_replica(client, auth, tenant, ready_replica,
