@@ -6,7 +6,10 @@ polls) the Lua `pump` hands free slots to the best waiters: highest tier (lowest
 value) first, then the policy's order within the tier. `FairShare` serves the tenant with the
 least virtual tokens served (weighted prompt + max_tokens); a tenant that returns after idling
 is caught up to the virtual clock so idle time banks no credit. `Fifo` is arrival order (the
-"fairness off" baseline of benchmarks/fairness.py).
+"fairness off" baseline of benchmarks/fairness.py). Beyond the capacity, `headroom` slots go
+only to tenants with nothing running: a tenant arriving behind another's burst starts at once
+instead of waiting for one of the burst's requests to finish (the engine then shares its steps
+fairly); the total in flight stays bounded by capacity + headroom.
 
 Invariants: work-conserving (a slot is never idle while a live waiter exists: every enter,
 poll and release pumps); at most `max_queue` waiters; a waiter that stops polling (process
@@ -45,23 +48,38 @@ local function record_wait(ms)
 end
 local function vt(tenant) return tonumber(redis.call('HGET', K_VT, tenant) or '0') end
 %(pick)s
-local function pump(now, capacity, slot_ttl)
+local function running_tenants()
+  local busy = {}
+  for _, ticket in ipairs(redis.call('ZRANGE', K_RUN, 0, -1)) do
+    busy[string.match(ticket, '^([^:]*):')] = true
+  end
+  return busy
+end
+-- Hands out slots: `capacity` to the best waiters, then up to `headroom` more, only to waiters
+-- whose tenant has nothing running (so a tenant arriving behind another's burst starts now).
+local function pump(now, capacity, headroom, slot_ttl)
   purge(now)  -- a dead waiter must never be handed a slot
-  while redis.call('ZCARD', K_RUN) < capacity do
+  while true do
+    local num_running = redis.call('ZCARD', K_RUN)
+    if num_running >= capacity + headroom then return end
     local all = redis.call('HGETALL', K_WAIT)
     if #all == 0 then return end
+    local busy = nil
+    if num_running >= capacity then busy = running_tenants() end
     local best, best_key, best_w = nil, nil, nil
     for i = 1, #all, 2 do
       local w = cjson.decode(all[i + 1])
       local key = sort_key(w)
       local better = best == nil
-      if not better then
+      if busy ~= nil and busy[w.tenant] then better = false key = nil end
+      if not better and key ~= nil then
         for j = 1, #key do
           if key[j] ~= best_key[j] then better = key[j] < best_key[j] break end
         end
       end
       if better then best, best_key, best_w = all[i], key, w end
     end
+    if best == nil then return end
     redis.call('HDEL', K_WAIT, best)
     redis.call('ZADD', K_RUN, now + slot_ttl, best)
     local served = vt(best_w.tenant)
@@ -80,12 +98,12 @@ _FIFO_PICK = """
 local function sort_key(w) return {w.priority, w.seq} end
 """
 
-# ARGV: now, ticket, priority, tenant, cost, capacity, max_queue, heartbeat_ms, slot_ttl_ms
-# Returns 1 admitted, 0 queued, -1 queue full.
+# ARGV: now, ticket, priority, tenant, cost, capacity, max_queue, heartbeat_ms, slot_ttl_ms,
+# headroom. Returns 1 admitted, 0 queued, -1 queue full.
 _ENTER = """
 local now, ticket = tonumber(ARGV[1]), ARGV[2]
 local capacity, max_queue = tonumber(ARGV[6]), tonumber(ARGV[7])
-local hb_ms, slot_ttl = tonumber(ARGV[8]), tonumber(ARGV[9])
+local hb_ms, slot_ttl, headroom = tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10])
 purge(now)
 if redis.call('HLEN', K_WAIT) >= max_queue and redis.call('ZCARD', K_RUN) >= capacity then
   redis.call('HINCRBY', K_HIST, 'rejected_full', 1)
@@ -103,16 +121,16 @@ end
 local seq = redis.call('HINCRBY', K_HIST, 'seq', 1)
 redis.call('HSET', K_WAIT, ticket, cjson.encode({priority = tonumber(ARGV[3]), tenant = tenant,
   cost = tonumber(ARGV[5]), seq = seq, at = now, hb = now + hb_ms}))
-pump(now, capacity, slot_ttl)
+pump(now, capacity, headroom, slot_ttl)
 if redis.call('ZSCORE', K_RUN, ticket) then return 1 end
 return 0
 """
 
-# ARGV: now, ticket, capacity, heartbeat_ms, slot_ttl_ms. Returns 1 admitted, 0 waiting,
+# ARGV: now, ticket, capacity, heartbeat_ms, slot_ttl_ms, headroom. Returns 1 admitted, 0 waiting,
 # -2 unknown (expired).
 _POLL = """
 local now, ticket, capacity = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3])
-local hb_ms, slot_ttl = tonumber(ARGV[4]), tonumber(ARGV[5])
+local hb_ms, slot_ttl, headroom = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 if redis.call('ZSCORE', K_RUN, ticket) then return 1 end
 local raw = redis.call('HGET', K_WAIT, ticket)
 if not raw then return -2 end
@@ -121,21 +139,22 @@ w.hb = now + hb_ms
 redis.call('HSET', K_WAIT, ticket, cjson.encode(w))
 -- Releases pump, so a poll only has to when slots are free (a slot expired, capacity grew):
 -- the common poll is O(1), not a scan of the queue.
-if redis.call('ZCARD', K_RUN) < capacity then
-  pump(now, capacity, slot_ttl)
+if redis.call('ZCARD', K_RUN) < capacity + headroom then
+  pump(now, capacity, headroom, slot_ttl)
   if redis.call('ZSCORE', K_RUN, ticket) then return 1 end
 end
 return 0
 """
 
-# ARGV: now, ticket, capacity, slot_ttl_ms, reason ('' = release). Leaves the queue or frees
-# the slot, then hands free slots to waiters.
+# ARGV: now, ticket, capacity, slot_ttl_ms, reason ('' = release), headroom. Leaves the queue
+# or frees the slot, then hands free slots to waiters.
 _LEAVE = """
 local now, ticket, capacity, slot_ttl = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
+local headroom = tonumber(ARGV[6])
 redis.call('HDEL', K_WAIT, ticket)
 redis.call('ZREM', K_RUN, ticket)
 if ARGV[5] ~= '' then redis.call('HINCRBY', K_HIST, 'rejected_' .. ARGV[5], 1) end
-pump(now, capacity, slot_ttl)
+pump(now, capacity, headroom, slot_ttl)
 return 1
 """
 
@@ -182,10 +201,11 @@ class Slot:
     model_version_id: int
     ticket: str
     capacity: int
+    headroom: int
     waited_s: float
 
     async def release(self) -> None:
-        await self.queue.leave(self.model_version_id, self.ticket, self.capacity)
+        await self.queue.leave(self.model_version_id, self.ticket, self.capacity, self.headroom)
 
 
 class AdmissionQueue:
@@ -219,34 +239,37 @@ class AdmissionQueue:
     def _now_ms(self) -> int:
         return int(self._clock() * 1000)
 
-    async def admit(self, model_version_id: int, waiter: Waiter, capacity: int) -> Slot:
+    async def admit(self, model_version_id: int, waiter: Waiter, capacity: int,
+                    headroom: int = 0) -> Slot:
         """A slot, at once or after waiting; QueueFull / QueueTimeout otherwise. Cancelling
-        the caller while it waits leaves the queue."""
-        ticket = uuid.uuid4().hex
+        the caller while it waits leaves the queue. `headroom`: slots beyond `capacity` only
+        for tenants with nothing running."""
+        ticket = f"{waiter.tenant}:{uuid.uuid4().hex}"  # the pump reads the tenant from it
         keys = self.keys(model_version_id)
         started = self._clock()
         await self._redis.sadd(self.models_key(), str(model_version_id))
         state = int(await self._enter(keys=keys, args=[
             self._now_ms(), ticket, waiter.priority, waiter.tenant, waiter.cost_tokens,
-            capacity, self._max_queue, self._heartbeat_ms, self._slot_ttl_ms]))
+            capacity, self._max_queue, self._heartbeat_ms, self._slot_ttl_ms, headroom]))
         if state == -1:
             raise QueueFull()
         try:
             while state != 1:
                 if self._clock() - started >= waiter.max_wait_s:
-                    await self.leave(model_version_id, ticket, capacity, reason="timeout")
+                    await self.leave(model_version_id, ticket, capacity, headroom, "timeout")
                     raise QueueTimeout()
                 await self._sleep(self._poll_s)
                 state = int(await self._poll(keys=keys, args=[
-                    self._now_ms(), ticket, capacity, self._heartbeat_ms, self._slot_ttl_ms]))
+                    self._now_ms(), ticket, capacity, self._heartbeat_ms, self._slot_ttl_ms,
+                    headroom]))
                 if state == -2:
                     raise QueueTimeout()
         except asyncio.CancelledError:
-            await asyncio.shield(self.leave(model_version_id, ticket, capacity))
+            await asyncio.shield(self.leave(model_version_id, ticket, capacity, headroom))
             raise
-        return Slot(self, model_version_id, ticket, capacity, self._clock() - started)
+        return Slot(self, model_version_id, ticket, capacity, headroom, self._clock() - started)
 
-    async def leave(self, model_version_id: int, ticket: str, capacity: int,
+    async def leave(self, model_version_id: int, ticket: str, capacity: int, headroom: int = 0,
                     reason: str = "") -> None:
         await self._leave(keys=self.keys(model_version_id), args=[
-            self._now_ms(), ticket, capacity, self._slot_ttl_ms, reason])
+            self._now_ms(), ticket, capacity, self._slot_ttl_ms, reason, headroom])

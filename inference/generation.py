@@ -113,8 +113,10 @@ async def _admit(container: Container, prepared: Prepared) -> Slot | None:
                     cost_tokens=prepared.charge.estimated_tokens,
                     max_wait_s=limits.max_queue_wait_ms / 1000.0)
     try:
-        return await container.admission.admit(prepared.target.model_version_id, waiter,
-                                               num_ready * settings.ADMISSION_SLOTS_PER_REPLICA)
+        return await container.admission.admit(
+            prepared.target.model_version_id, waiter,
+            capacity=num_ready * settings.ADMISSION_SLOTS_PER_REPLICA,
+            headroom=num_ready * settings.ADMISSION_HEADROOM_SLOTS_PER_REPLICA)
     except QueueFull:
         raise ServiceUnavailable(
             f"'{prepared.target.model_name}' is at capacity and its queue is full; retry later.",

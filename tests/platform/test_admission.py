@@ -157,7 +157,7 @@ async def test_dead_waiter_is_never_handed_a_slot(redis):
     holder = await queue.admit(1, waiter("A"), capacity=1)
     # A process that queued and then died: it never polls again.
     await queue._enter(keys=queue.keys(1), args=[int(clock[0] * 1000), "dead", 0, "D", 1, 1,
-                                                 10, 5000, 900_000])
+                                                 10, 5000, 900_000, 0])
     clock[0] += 10  # its heartbeat lapses
     live = asyncio.create_task(queue.admit(1, waiter("B"), capacity=1))
     await asyncio.sleep(0.05)
@@ -165,3 +165,22 @@ async def test_dead_waiter_is_never_handed_a_slot(redis):
     slot = await asyncio.wait_for(live, 1.0)
     assert await redis.zscore(queue.keys(1)[1], "dead") is None
     await slot.release()
+
+
+async def test_headroom_only_for_a_tenant_with_nothing_running(redis):
+    queue = make_queue(redis)
+    a0 = await queue.admit(1, waiter("A"), capacity=1, headroom=1)
+    a1 = asyncio.create_task(queue.admit(1, waiter("A"), capacity=1, headroom=1))
+    await asyncio.sleep(0.05)
+    assert not a1.done()  # A already runs: no headroom for A
+    b0 = await asyncio.wait_for(queue.admit(1, waiter("B"), capacity=1, headroom=1), 1.0)
+    b1 = asyncio.create_task(queue.admit(1, waiter("B"), capacity=1, headroom=1))
+    await asyncio.sleep(0.05)
+    assert not b1.done()  # capacity + headroom reached
+    await a0.release()
+    # One slot free: a1 and b1 both waiting, A and B both served once: arrival order.
+    slot = await asyncio.wait_for(a1, 1.0)
+    assert not b1.done()
+    for s in (slot, b0):
+        await s.release()
+    await (await asyncio.wait_for(b1, 1.0)).release()
