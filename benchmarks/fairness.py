@@ -1,8 +1,9 @@
 """python -m benchmarks.fairness [--out FILE.json]: one tenant's burst must not starve another.
 
 One real SmolLM2 replica, two platform front ends on it (two daphne processes, each with its
-own Redis key prefix): `fair` (admission queue `fair_share`, the engine's per-tenant fair
-share) and `unfair` (admission `fifo`, one fair-share unit for everybody in the engine). Both
+own Redis key prefix): `fair` (admission queue `fair_share` with headroom slots, the engine's
+per-tenant fair share) and `unfair` (admission `fifo` without headroom, one fair-share unit for
+everybody in the engine). Both
 tenants are in the same tier, so only fair share separates them. For each front end, three
 phases of `--phase-s` seconds, open loop (requests are sent on a clock, not after replies):
   1. B alone: steady interactive traffic (`--b-rate` requests/s);
@@ -148,6 +149,7 @@ async def measure(base_url: str, keys: dict, args) -> dict:
 
 def run(args) -> dict:
     os.environ.update({"ADMISSION_SLOTS_PER_REPLICA": str(args.slots),
+                       "ADMISSION_HEADROOM_SLOTS_PER_REPLICA": str(args.headroom),
                        "ADMISSION_POLICY": "fair_share", "ENGINE_FAIR_SHARE": "1"})
     # Its own database: another benchmark's start_fleet would mark this replica stopped.
     fleet = start_fleet("smollm2", database="llm_platform_bench_fairness")
@@ -161,6 +163,7 @@ def run(args) -> dict:
         keys = {short: raw[name] for short, name in names.items()}
         port = free_port()
         unfair_env = {**fleet.env, "ADMISSION_POLICY": "fifo", "ENGINE_FAIR_SHARE": "0",
+                      "ADMISSION_HEADROOM_SLOTS_PER_REPLICA": "0",
                       "REDIS_KEY_PREFIX": fleet.env["REDIS_KEY_PREFIX"] + "unfair:"}
         unfair = _start("daphne-unfair", ["-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
                                           "llm_platform.asgi:application"], unfair_env)
@@ -178,7 +181,8 @@ def run(args) -> dict:
         "targets": {"victim_slowdown": "<= 1.5"},
         "settings": {"b_rate_per_s": args.b_rate, "a_rate_per_s": 10 * args.b_rate,
                      "phase_s": args.phase_s, "max_tokens": args.max_tokens,
-                     "slots_per_replica": args.slots, "cpu_count": os.cpu_count()},
+                     "slots_per_replica": args.slots, "headroom_slots": args.headroom,
+                     "cpu_count": os.cpu_count()},
         **result,
     }
 
@@ -190,6 +194,8 @@ def main() -> None:
     parser.add_argument("--phase-s", type=float, default=20.0)
     parser.add_argument("--max-tokens", type=int, default=8)
     parser.add_argument("--slots", type=int, default=4, help="admission slots per replica")
+    parser.add_argument("--headroom", type=int, default=1,
+                        help="extra slots per replica for tenants with nothing running")
     args = parser.parse_args()
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "llm_platform.settings")
     result = run(args)
