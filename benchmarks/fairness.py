@@ -19,6 +19,7 @@ import argparse
 import asyncio
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -161,6 +162,12 @@ def run(args) -> dict:
                                  capture_output=True, text=True).stdout
         raw = json.loads(created.strip().splitlines()[-1])
         keys = {short: raw[name] for short, name in names.items()}
+        fair = asyncio.run(measure(fleet.base_url, keys, args))
+        # One front end at a time: the first one's PostgreSQL connections must not starve the
+        # second (under load each in-flight request holds one, and PostgreSQL allows ~100).
+        daphne = fleet.procs.pop()
+        os.killpg(daphne.pid, signal.SIGTERM)
+        daphne.wait(60)
         port = free_port()
         unfair_env = {**fleet.env, "ADMISSION_POLICY": "fifo", "ENGINE_FAIR_SHARE": "0",
                       "ADMISSION_HEADROOM_SLOTS_PER_REPLICA": "0",
@@ -169,7 +176,7 @@ def run(args) -> dict:
                                           "llm_platform.asgi:application"], unfair_env)
         fleet.procs.append(unfair)
         _wait(f"http://127.0.0.1:{port}/readyz", unfair, 60)
-        result = {"fair": asyncio.run(measure(fleet.base_url, keys, args)),
+        result = {"fair": fair,
                   "unfair": asyncio.run(measure(f"http://127.0.0.1:{port}", keys, args))}
     finally:
         fleet.stop()
