@@ -1,34 +1,40 @@
-"""The single write path for usage. Issue 7 replaces the body with a Redis-stream append; its
-callers do not change."""
+"""Billing writes. `record_usage` is the request path's one call (it appends to the usage
+stream); `write_usage` is the consumer's (PostgreSQL, idempotent on the request id)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+import asyncio
+from datetime import datetime, timezone
+from decimal import Decimal
 
-from billing.models import UsageRecord
+from django.apps import apps
+from django.db import transaction
+
+from billing.events import UsageEvent
+from billing.models import Price, UsageRecord
+
+__all__ = ["UsageEvent", "record_usage", "write_usage", "set_price"]
 
 
-@dataclass(frozen=True)
-class UsageEvent:
-    request_id: str
-    tenant_id: int
-    api_key_id: int
-    model_name: str
-    model_version_id: int
-    replica_id: int | None
-    input_tokens: int
-    cached_tokens: int
-    output_tokens: int
-    ttft_ms: float | None
-    total_ms: float
-    status: str  # one of UsageRecord.Status
-    finish_reason: str = ""
-    endpoint: str = ""
+def current_recorder():
+    """The per-event-loop UsageRecorder (an async Redis client belongs to its loop), kept on the
+    billing AppConfig rather than in a module global; tests may replace `recorder_factory`."""
+    config = apps.get_app_config("billing")
+    loop = asyncio.get_running_loop()
+    recorder = config.recorders.get(loop)
+    if recorder is None:
+        recorder = config.recorder_factory()
+        config.recorders[loop] = recorder
+    return recorder
 
 
 async def record_usage(event: UsageEvent) -> None:
-    """Record one finished request. Idempotent on `request_id` (a replay writes nothing):
-    one INSERT ... ON CONFLICT DO NOTHING."""
-    record = UsageRecord(
+    """Record one finished request: onto the usage stream, or the local outbox when Redis is
+    unreachable. Returns once the event is durable in one of them."""
+    await current_recorder().record(event)
+
+
+def _row(event: UsageEvent) -> UsageRecord:
+    return UsageRecord(
         request_id=event.request_id,
         tenant_id=event.tenant_id,
         api_key_id=event.api_key_id,
@@ -43,5 +49,27 @@ async def record_usage(event: UsageEvent) -> None:
         status=event.status,
         finish_reason=event.finish_reason,
         endpoint=event.endpoint,
+        occurred_at=datetime.fromtimestamp(event.occurred_at or 0.0, tz=timezone.utc),
     )
-    await UsageRecord.objects.abulk_create([record], ignore_conflicts=True)
+
+
+def write_usage(events: list[UsageEvent]) -> None:
+    """Insert the events' rows in one transaction; request ids already present are skipped
+    (INSERT ... ON CONFLICT DO NOTHING), so a redelivery or a replay writes nothing."""
+    if not events:
+        return
+    with transaction.atomic():
+        UsageRecord.objects.bulk_create([_row(e) for e in events], ignore_conflicts=True)
+
+
+def set_price(model_version, effective_from: datetime, input_per_million, output_per_million,
+              cached_input_per_million=None) -> Price:
+    """A new price from `effective_from` on (earlier usage keeps the earlier price)."""
+    def dec(value):
+        return None if value is None else Decimal(str(value))
+
+    return Price.objects.create(
+        model_version=model_version, effective_from=effective_from,
+        input_per_million=dec(input_per_million), output_per_million=dec(output_per_million),
+        cached_input_per_million=dec(cached_input_per_million),
+    )
