@@ -4,7 +4,7 @@ idempotency key everywhere downstream)."""
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import dataclass, fields, replace
 
 WIRE_VERSION = 1
 
@@ -33,7 +33,7 @@ class UsageEvent:
         return self if self.occurred_at is not None else replace(self, occurred_at=now)
 
     def to_json(self) -> str:
-        return json.dumps({"v": WIRE_VERSION, **asdict(self)}, separators=(",", ":"))
+        return json.dumps({"v": WIRE_VERSION, **self.__dict__}, separators=(",", ":"))
 
     @classmethod
     def from_json(cls, raw: str | bytes) -> "UsageEvent":

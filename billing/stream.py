@@ -7,11 +7,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import dataclass
 from typing import Callable
 
 import redis
 import redis.asyncio as aioredis
+from django.apps import apps
+from django.conf import settings
 
 from billing.events import UsageEvent
 from billing.outbox import FileOutbox
@@ -68,10 +71,6 @@ def send_batch(client: redis.Redis, keys: StreamKeys, events: list[UsageEvent]) 
 
 
 def build_recorder() -> UsageRecorder:
-    import time
-
-    from django.conf import settings
-
     timeout = settings.USAGE_STREAM_TIMEOUT_SECONDS
     client = aioredis.Redis.from_url(settings.REDIS_URL, socket_timeout=timeout,
                                      socket_connect_timeout=timeout)
@@ -80,8 +79,6 @@ def build_recorder() -> UsageRecorder:
 
 
 async def close_loop_recorder(loop) -> None:
-    from django.apps import apps
-
     recorder = apps.get_app_config("billing").recorders.pop(loop, None)
     if recorder is not None:
         await recorder.close()
