@@ -145,3 +145,29 @@ def test_cost_is_exact():
     assert terms.cost(1, 0, 0) == Decimal("0.00000015")
     assert terms.cost(3, 1, 7) == Decimal("2") * Decimal("0.15") / 10**6 + \
         Decimal("0.075") / 10**6 + 7 * Decimal("0.6") / 10**6
+
+
+def test_setprice_command(model_version):
+    import io
+
+    from django.core.management import call_command
+
+    from billing.models import Price
+
+    out = io.StringIO()
+    call_command("setprice", "chat-small", "--input", "0.15", "--output", "0.6",
+                 "--cached-input", "0.075", "--from", "2026-03-01T00:00:00", stdout=out)
+    price = Price.objects.get()
+    assert (price.effective_from, price.cached_input_per_million) == (MARCH, Decimal("0.075"))
+
+
+def test_beat_tasks_run(account, model_version):
+    from billing.tasks import issue_invoices_task, rollup_usage_task
+
+    tenant, key = account
+    last_month = datetime.now(UTC).replace(day=1) - timedelta(days=3)
+    write_usage([event(tenant.pk, key.pk, model_version.pk, occurred_at=at(last_month))])
+    assert rollup_usage_task() == 1
+    [invoice_id] = issue_invoices_task()
+    assert Invoice.objects.get(pk=invoice_id).lines.get().num_requests == 1
+    assert issue_invoices_task() == []  # nothing left to bill
