@@ -17,7 +17,7 @@ import time
 from typing import Callable
 
 import redis
-from django.db import DatabaseError, IntegrityError
+from django.db import DatabaseError, DataError, IntegrityError
 
 from billing.events import UsageEvent
 from billing.outbox import FileOutbox
@@ -125,7 +125,7 @@ class UsageConsumer:
         for event in events:
             try:
                 self.write([event])
-            except IntegrityError:
+            except (IntegrityError, DataError):
                 logger.error("usage %s refused by PostgreSQL; dead-lettered", event.request_id)
                 dead.append(by_request.get(event.to_json().encode(),
                                            (b"?", {FIELD: event.to_json()})))
@@ -151,6 +151,4 @@ class UsageConsumer:
 
 def _is_data_error(exc: Exception) -> bool:
     """True for a row PostgreSQL refuses (FK, constraint, bad value): retrying cannot help."""
-    from django.db import DataError
-
     return isinstance(exc, (IntegrityError, DataError))

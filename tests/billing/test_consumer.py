@@ -92,3 +92,29 @@ def test_prices_apply_by_event_time_not_arrival(account, model_version):
     drain()
     row = UsageRecord.objects.get()
     assert row.occurred_at.timestamp() == 1_700_000_000.5
+
+
+def test_a_value_postgresql_cannot_store_is_dead_lettered(account, model_version):
+    tenant, key = account
+    good = event(tenant.pk, key.pk, model_version.pk)
+    publish([good, event(tenant.pk, key.pk, model_version.pk, input_tokens=2**40),
+             event(tenant.pk, key.pk, model_version.pk, output_tokens=-1)])
+    drain()
+    assert list(UsageRecord.objects.values_list("request_id", flat=True)) == [good.request_id]
+    assert pending_count() == 0
+
+
+def test_postgresql_failure_leaves_entries_pending(account, model_version):
+    from django.db import OperationalError
+
+    tenant, key = account
+    publish([event(tenant.pk, key.pk, model_version.pk) for _ in range(4)])
+
+    def database_down(events):
+        raise OperationalError("connection refused")
+
+    with pytest.raises(OperationalError):
+        make_consumer("a", write=database_down).step(block_ms=0)
+    assert pending_count() == 4
+    drain(make_consumer("a"))
+    assert UsageRecord.objects.count() == 4 and pending_count() == 0
