@@ -43,20 +43,28 @@ class UsageRecorder:
     """Appends usage events to the stream; falls back to the outbox when Redis fails."""
 
     def __init__(self, client: aioredis.Redis, keys: StreamKeys, outbox: FileOutbox,
-                 clock: Callable[[], float]):
+                 clock: Callable[[], float], retry_after_s: float = 1.0):
         self.client = client
         self.keys = keys
         self.outbox = outbox
         self.clock = clock
+        # After a failure, Redis is not tried again for this long: while it is down (or
+        # unresponsive, which costs a whole timeout per try) requests go straight to the outbox.
+        self.retry_after_s = retry_after_s
+        self._down_until = float("-inf")
 
     async def record(self, event: UsageEvent) -> None:
-        event = event.stamped(self.clock())
-        try:
-            await self.client.xadd(self.keys.stream, {FIELD: event.to_json()})
-        except (redis.RedisError, OSError) as exc:
-            logger.warning("usage stream unavailable (%s); %s kept in the outbox",
-                           exc, event.request_id)
-            await asyncio.to_thread(self.outbox.append, [event])
+        now = self.clock()
+        event = event.stamped(now)
+        if now >= self._down_until:
+            try:
+                await self.client.xadd(self.keys.stream, {FIELD: event.to_json()})
+                return
+            except (redis.RedisError, OSError) as exc:
+                self._down_until = self.clock() + self.retry_after_s
+                logger.warning("usage stream unavailable (%s); events go to the outbox for "
+                               "%.1f s", exc, self.retry_after_s)
+        await asyncio.to_thread(self.outbox.append, [event])
 
     async def close(self) -> None:
         await self.client.aclose()
@@ -75,7 +83,8 @@ def build_recorder() -> UsageRecorder:
     client = aioredis.Redis.from_url(settings.REDIS_URL, socket_timeout=timeout,
                                      socket_connect_timeout=timeout)
     return UsageRecorder(client, StreamKeys(settings.REDIS_KEY_PREFIX),
-                         FileOutbox(settings.BILLING_OUTBOX_DIR), time.time)
+                         FileOutbox(settings.BILLING_OUTBOX_DIR), time.time,
+                         settings.USAGE_STREAM_RETRY_SECONDS)
 
 
 async def close_loop_recorder(loop) -> None:

@@ -139,6 +139,8 @@ TRITON_TOKEN_TIMEOUT_SECONDS = env_float("TRITON_TOKEN_TIMEOUT_SECONDS", 60.0)
 # --- Metering and billing ---------------------------------------------------------------------
 # The request path waits at most this long for Redis before the usage event goes to the outbox.
 USAGE_STREAM_TIMEOUT_SECONDS = env_float("USAGE_STREAM_TIMEOUT_SECONDS", 0.5)
+# After Redis failed, events go straight to the outbox for this long before Redis is tried again.
+USAGE_STREAM_RETRY_SECONDS = env_float("USAGE_STREAM_RETRY_SECONDS", 1.0)
 # The local durable outbox (one per host; replayed by that host's billing consumer).
 BILLING_OUTBOX_DIR = env_str("BILLING_OUTBOX_DIR", str(BASE_DIR / "var" / "billing-outbox"))
 BILLING_CONSUMER_BATCH = env_int("BILLING_CONSUMER_BATCH", 500)

@@ -171,3 +171,44 @@ def test_beat_tasks_run(account, model_version):
     [invoice_id] = issue_invoices_task()
     assert Invoice.objects.get(pk=invoice_id).lines.get().num_requests == 1
     assert issue_invoices_task() == []  # nothing left to bill
+
+
+@hsettings(max_examples=20, deadline=None,
+           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(events=st.lists(st.tuples(event_st, st.booleans()), min_size=1, max_size=30),
+       input_price=st.decimals(min_value=0, max_value=100, places=6),
+       output_price=st.decimals(min_value=0, max_value=100, places=6))
+def test_late_events_are_billed_once_on_the_next_invoice(model_version, events, input_price,
+                                                         output_price):
+    """Events arrive on time or late (after March was invoiced): March's total plus April's
+    correction lines bill every March event exactly once, and March never changes."""
+    tenant = create_tenant(f"late-{Invoice.objects.count()}-{UsageRecord.objects.count()}",
+                           "standard")
+    key = create_api_key(tenant).api_key
+    from models_registry.services import ensure_model_version
+
+    version = ensure_model_version("chat-small", 1000 + tenant.pk, "fake", tokenizer="bytes")
+    set_price(version, MARCH, input_price, output_price)
+    terms = PriceTerms(input_price, output_price)
+
+    def as_event(spec):
+        second, num_in, num_cached, num_out = spec
+        return event(tenant.pk, key.pk, version.pk, input_tokens=num_in,
+                     cached_tokens=min(num_cached, num_in), output_tokens=num_out,
+                     occurred_at=at(MARCH + timedelta(seconds=second)))
+
+    on_time = [as_event(spec) for spec, late in events if not late]
+    late = [as_event(spec) for spec, late in events if late]
+    write_usage(on_time)
+    march = issue_invoice(tenant.pk, MARCH, APRIL, now=APRIL)
+    march_total = march.total if march else Decimal(0)
+    write_usage(late + on_time)  # late ones, and redeliveries of the on-time ones
+    april = issue_invoice(tenant.pk, APRIL, MAY, now=MAY)
+    corrections = Decimal(0) if april is None else sum(
+        (line.amount for line in april.lines.filter(kind="correction")), Decimal(0))
+    expected = sum((terms.cost(e.input_tokens, e.cached_tokens, e.output_tokens)
+                    for e in on_time + late), Decimal(0))
+    assert march_total + corrections == expected
+    if march is not None:
+        march.refresh_from_db()
+        assert march.total == march_total

@@ -63,3 +63,36 @@ def test_replaying_twice_and_a_torn_line_bill_once(account, model_version, tmp_p
     assert outbox.replay(replayed.extend) == 13
     assert not outbox.has_pending()
     assert {e.request_id for e in replayed} == {e.request_id for e in events}
+
+
+def test_after_a_failure_redis_is_not_tried_until_the_retry_time(account, model_version):
+    tenant, key = account
+    now = [1000.0]
+
+    class FlakyClient:
+        num_calls = 0
+        up = False
+
+        async def xadd(self, stream, fields):
+            self.num_calls += 1
+            if not self.up:
+                raise ConnectionError("refused")
+
+    client = FlakyClient()
+    recorder = UsageRecorder(client, StreamKeys(settings.REDIS_KEY_PREFIX),
+                             FileOutbox(settings.BILLING_OUTBOX_DIR), lambda: now[0],
+                             retry_after_s=1.0)
+
+    async def record(n):
+        for _ in range(n):
+            await recorder.record(event(tenant.pk, key.pk, model_version.pk, occurred_at=None))
+
+    asyncio.run(record(5))
+    assert client.num_calls == 1  # one failure, then straight to the outbox
+    client.up = True
+    now[0] += 1.0
+    asyncio.run(record(3))
+    assert client.num_calls == 4
+    drain()  # the 5 outbox events (the 3 others went to a fake client, not Redis)
+    assert UsageRecord.objects.count() == 5
+    assert {r.occurred_at.timestamp() for r in UsageRecord.objects.all()} == {1000.0}
