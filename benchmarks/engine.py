@@ -75,17 +75,19 @@ def measure_full_batch(engine: LLMEngine, batch: int, context_len: int, steps: i
     vocab = engine.model_config.vocab_size
     for i in range(batch):
         prompt = [rng.randrange(100, vocab - 100) for _ in range(context_len)]
-        engine.add_request(f"full{i}", prompt, SamplingParams(max_tokens=steps + 2, temperature=0.0, ignore_eos=True))
+        # long enough that no sequence finishes while the others are still in prefill
+        engine.add_request(f"full{i}", prompt, SamplingParams(max_tokens=10_000, temperature=0.0, ignore_eos=True))
     sched = engine.core.scheduler
     while sched.waiting or any(r.num_computed_tokens < r.num_prompt_tokens for r in sched.running):
         engine.step()
     engine.step()
+    assert len(sched.running) == batch, "the full-batch phase needs max_num_seqs sequences resident"
     tokens, start = 0, time.perf_counter()
     for _ in range(steps):
         tokens += len(engine.step())
     elapsed = time.perf_counter() - start
-    while engine.has_unfinished_requests():
-        engine.step()
+    for i in range(batch):
+        engine.abort_request(f"full{i}")
     return {"batch": batch, "context_len": context_len, "tokens_per_s": tokens / elapsed,
             "step_ms": 1000 * elapsed / steps}
 
@@ -154,6 +156,8 @@ def main(argv: list[str] | None = None) -> dict:
                              "it needs about 10x our time)")
     parser.add_argument("--full-batch-context", type=int, default=256,
                         help="context length of the sequences in the full-batch decode measurement")
+    parser.add_argument("--full-batch-only", action="store_true",
+                        help="measure the roofline and the full-batch decode only (a quick profile)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
 
@@ -173,6 +177,11 @@ def main(argv: list[str] | None = None) -> dict:
     engine = LLMEngine(config, ckpt.config, model, ckpt.tokenizer)
     roofline = measure_roofline(model, args.max_num_seqs)
     full = measure_full_batch(engine, args.max_num_seqs, args.full_batch_context, 16, args.seed)
+    print(f"full batch: {full['tokens_per_s']:.1f} tok/s ({full['step_ms']:.0f} ms/step); "
+          f"roofline {roofline['roofline_tokens_per_s']:.1f} tok/s", file=sys.stderr)
+    if args.full_batch_only:
+        return {"roofline": roofline, "full_batch": full,
+                "roofline_fraction": full["tokens_per_s"] / roofline["roofline_tokens_per_s"]}
     ours = run_ours(engine, workload)
     del engine
 

@@ -1,15 +1,92 @@
+"""Staff (account managers) see every tenant's usage and invoices and export them as CSV.
+Nothing here edits usage or issued invoices."""
 from django.contrib import admin
 
-from billing.models import UsageRecord
+from billing.csv_export import csv_response
+from billing.models import Invoice, InvoiceLine, Price, UsageHourly, UsageRecord
+
+USAGE_COLUMNS = ["request_id", "tenant_id", "api_key_id", "model_name", "model_version_id",
+                 "replica_id", "input_tokens", "cached_tokens", "output_tokens", "ttft_ms",
+                 "total_ms", "status", "finish_reason", "endpoint", "occurred_at", "created_at",
+                 "invoice_id"]
+LINE_COLUMNS = ["invoice_id", "invoice__tenant__name", "invoice__period_start", "kind",
+                "model_name", "num_requests", "input_tokens", "cached_tokens", "output_tokens",
+                "amount"]
+
+
+class ReadOnlyAdmin(admin.ModelAdmin):
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
 
 
 @admin.register(UsageRecord)
-class UsageRecordAdmin(admin.ModelAdmin):
-    list_display = ("created_at", "request_id", "tenant", "model_name", "status",
-                    "input_tokens", "output_tokens", "ttft_ms", "total_ms")
+class UsageRecordAdmin(ReadOnlyAdmin):
+    list_display = ("occurred_at", "request_id", "tenant", "model_name", "status",
+                    "input_tokens", "cached_tokens", "output_tokens", "ttft_ms", "total_ms",
+                    "invoice")
     list_filter = ("status", "model_name", "tenant")
     search_fields = ("request_id",)
-    readonly_fields = [f.name for f in UsageRecord._meta.fields]
+    date_hierarchy = "occurred_at"
+    actions = ["export_csv"]
 
-    def has_add_permission(self, request):
+    @admin.action(description="Export selected usage as CSV")
+    def export_csv(self, request, queryset):
+        return csv_response("usage.csv", USAGE_COLUMNS,
+                            queryset.order_by("occurred_at").values_list(*USAGE_COLUMNS)
+                            .iterator(chunk_size=2000))
+
+
+@admin.register(UsageHourly)
+class UsageHourlyAdmin(ReadOnlyAdmin):
+    list_display = ("hour", "tenant", "model_name", "num_requests", "input_tokens",
+                    "cached_tokens", "output_tokens")
+    list_filter = ("tenant", "model_name")
+    date_hierarchy = "hour"
+
+
+class InvoiceLineInline(admin.TabularInline):
+    model = InvoiceLine
+    extra = 0
+    can_delete = False
+    readonly_fields = ("kind", "model_name", "num_requests", "input_tokens", "cached_tokens",
+                       "output_tokens", "amount")
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(Invoice)
+class InvoiceAdmin(ReadOnlyAdmin):
+    list_display = ("tenant", "period_start", "period_end", "issued_at", "total", "currency")
+    list_filter = ("tenant",)
+    date_hierarchy = "period_start"
+    inlines = [InvoiceLineInline]
+    actions = ["export_csv"]
+
+    @admin.action(description="Export selected invoices (one row per line) as CSV")
+    def export_csv(self, request, queryset):
+        lines = (InvoiceLine.objects.filter(invoice__in=queryset)
+                 .order_by("invoice__period_start", "invoice_id", "kind", "model_name")
+                 .values_list(*LINE_COLUMNS))
+        return csv_response("invoices.csv", LINE_COLUMNS, lines.iterator(chunk_size=2000))
+
+
+@admin.register(Price)
+class PriceAdmin(admin.ModelAdmin):
+    """Prices are added, never edited: a change is a new row with a later effective date."""
+
+    list_display = ("model_version", "effective_from", "input_per_million",
+                    "cached_input_per_million", "output_per_million", "currency")
+    list_filter = ("model_version",)
+
+    def get_readonly_fields(self, request, obj=None):
+        return [f.name for f in Price._meta.fields] if obj is not None else []
+
+    def has_delete_permission(self, request, obj=None):
         return False

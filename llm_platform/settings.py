@@ -166,3 +166,27 @@ CACHES = {
         "KEY_PREFIX": REDIS_KEY_PREFIX + "cache",
     }
 }
+
+# --- Metering and billing ---------------------------------------------------------------------
+# The request path waits at most this long for Redis before the usage event goes to the outbox.
+USAGE_STREAM_TIMEOUT_SECONDS = env_float("USAGE_STREAM_TIMEOUT_SECONDS", 0.5)
+# After Redis failed, events go straight to the outbox for this long before Redis is tried again.
+USAGE_STREAM_RETRY_SECONDS = env_float("USAGE_STREAM_RETRY_SECONDS", 1.0)
+# The local durable outbox (one per host; replayed by that host's billing consumer).
+BILLING_OUTBOX_DIR = env_str("BILLING_OUTBOX_DIR", str(BASE_DIR / "var" / "billing-outbox"))
+BILLING_CONSUMER_BATCH = env_int("BILLING_CONSUMER_BATCH", 500)
+# A consumer's pending entries idle this long are claimed by another (it is presumed dead).
+BILLING_CLAIM_IDLE_MS = env_int("BILLING_CLAIM_IDLE_MS", 30_000)
+# Roll-ups recompute every hour that received a usage row within this window.
+BILLING_ROLLUP_WINDOW_SECONDS = env_int("BILLING_ROLLUP_WINDOW_SECONDS", 2 * 3600)
+CELERY_BEAT_SCHEDULE.update({
+    "billing-rollup": {
+        "task": "billing.tasks.rollup_usage_task",
+        "schedule": env_float("BILLING_ROLLUP_INTERVAL_SECONDS", 300.0),
+    },
+    "billing-invoices": {
+        # Idempotent: issues last month's missing invoices; hourly so a month end is not missed.
+        "task": "billing.tasks.issue_invoices_task",
+        "schedule": env_float("BILLING_INVOICE_INTERVAL_SECONDS", 3600.0),
+    },
+})

@@ -11,6 +11,7 @@ urlpatterns = [
         admin.site.login)),
     path("admin/", admin.site.urls),
     path("", include("inference.urls")),
+    path("", include("billing.urls")),
 ]
 
 handler404 = json_not_found

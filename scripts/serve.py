@@ -2,7 +2,8 @@
 
 PostgreSQL and Redis (given, local, or embedded under ./var/), migrations, the demo fleet
 (tenant `demo` with one API key printed once; model `chat-small` v1 = bundled SmolLM2), one
-Triton replica (replica.launch), daphne, a Celery worker and Celery beat. Logs: var/logs/.
+Triton replica (replica.launch), daphne, the billing consumer, a Celery worker and Celery beat.
+Logs: var/logs/.
 """
 from __future__ import annotations
 
@@ -124,6 +125,9 @@ def main() -> int:
                           f"127.0.0.1:{metrics_port}", "--node", "local", "--state", "loading")
         supervisor.start("daphne", ["-m", "daphne", "-b", args.host, "-p", str(args.port),
                                     "llm_platform.asgi:application"])
+        # Usage stream -> PostgreSQL; also replays this host's usage outbox (var/billing-outbox).
+        supervisor.start("billing-consumer", ["manage.py", "billingconsumer",
+                                              "--name", f"{os.uname().nodename}-serve"])
         supervisor.start("celery-worker", ["-m", "celery", "-A", "llm_platform", "worker",
                                            "--loglevel", "INFO", "--concurrency", "1"])
         supervisor.start("celery-beat", ["-m", "celery", "-A", "llm_platform", "beat",

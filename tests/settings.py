@@ -28,3 +28,6 @@ QUOTA_LIMITS_CACHE_SECONDS = 0.0  # tests edit limits and expect them seen at on
 REGISTRY_CACHE_TTL_SECONDS = 0.0  # tests change replica states and expect them seen at once
 TRITON_FIRST_TOKEN_TIMEOUT_SECONDS = 30.0
 TRITON_TOKEN_TIMEOUT_SECONDS = 30.0
+# The usage outbox of this run only (its tests fill and replay it).
+BILLING_OUTBOX_DIR = os.path.join(os.environ.get("TMPDIR", "/tmp"),
+                                  f"llmp-test-{TEST_RUN_ID}-billing-outbox")

@@ -8,6 +8,7 @@ import pytest
 from websockets.asyncio.client import connect
 
 from billing.models import UsageRecord
+from tests.support.billing import drain
 from tests.support.platform import sse_events
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -48,6 +49,7 @@ def test_sse_generate(fleet):
 
 
 def _cancelled_usage():
+    drain()  # the usage stream -> PostgreSQL (what the billing consumer does)
     return UsageRecord.objects.filter(status="cancelled").first()
 
 

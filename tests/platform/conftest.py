@@ -6,10 +6,12 @@ from asgiref.sync import sync_to_async
 from django.db import connections
 from django.test import AsyncClient
 
+from billing.stream import close_loop_recorder
 from models_registry.models import ModelVersion
 from models_registry.services import ensure_model_version, register_replica
 from tenants.services import create_api_key, create_tenant
 from tests.fakes.triton_server import start_fake
+from tests.support.billing import reset_usage_stream
 from tests.support.platform import close_loop_container
 
 
@@ -36,8 +38,10 @@ def model_version(transactional_db) -> ModelVersion:
 
 @pytest_asyncio.fixture(autouse=True)
 async def container_cleanup():
+    reset_usage_stream()
     yield
     await close_loop_container(asyncio.get_running_loop())
+    await close_loop_recorder(asyncio.get_running_loop())
     # Async ORM calls made outside a request keep a connection in asgiref's worker thread;
     # close it so the test database can be dropped.
     await sync_to_async(connections.close_all)()

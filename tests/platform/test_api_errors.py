@@ -8,6 +8,7 @@ from models_registry.models import Model, Replica
 from models_registry.services import ensure_model_version, register_replica, set_replica_state
 from tenants.services import create_api_key, create_tenant
 from billing.models import UsageRecord
+from tests.support.billing import drain
 from inference.container import current_container
 from inference.router import OutstandingTokens
 
@@ -128,6 +129,7 @@ async def test_retry_on_another_replica_before_first_token(client, auth, ready_r
     # Every lease was released: counts are back where they started.
     loads = await counter.read(model_version.pk, [ready_replica.pk, dead.pk])
     assert loads == {ready_replica.pk: 1_000_000, dead.pk: 0}
+    await sync_to_async(drain)()  # the usage stream -> PostgreSQL
     rows = [r async for r in UsageRecord.objects.all()]
     assert [(r.status, r.replica_id) for r in rows] == [("ok", ready_replica.pk)] * 3
 

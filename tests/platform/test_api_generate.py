@@ -3,8 +3,10 @@ real gRPC, with the real PostgreSQL and Redis."""
 import json
 
 import pytest
+from asgiref.sync import sync_to_async
 
 from billing.models import UsageRecord
+from tests.support.billing import drain
 from tests.support.platform import sse_events
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.django_db(transaction=True)]
@@ -52,6 +54,7 @@ async def test_usage_recorded_once_per_request(client, auth, ready_replica, tena
     await post(client, "/v1/generate", BODY, auth)
     response = await post(client, "/v1/generate", {**BODY, "stream": True}, auth)
     await streamed(response)
+    await sync_to_async(drain)()  # the usage stream -> PostgreSQL
     rows = [r async for r in UsageRecord.objects.order_by("created_at")]
     assert len(rows) == 2
     assert {r.status for r in rows} == {"ok"}

@@ -7,6 +7,7 @@ from asgiref.sync import sync_to_async
 
 from billing.models import UsageRecord
 from tenants.services import create_api_key, create_tenant
+from tests.support.billing import drain
 from tests.support.platform import sse_events
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.django_db(transaction=True)]
@@ -28,6 +29,7 @@ async def test_same_key_same_body_replays_without_generating(client, auth, ready
     second = (await post(client, reordered, headers)).json()
     assert second == first
     assert fake_replica.state.num_requests == 1
+    await sync_to_async(drain)()  # the usage stream -> PostgreSQL
     assert await UsageRecord.objects.acount() == 1
 
 

@@ -22,10 +22,11 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
+        if x.dtype == torch.float32:  # one fused kernel; the same arithmetic as below
+            return torch.nn.functional.rms_norm(x, self.weight.shape, self.weight, self.eps)
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(dtype)
+        return self.weight * x32.to(x.dtype)
 
 
 def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
@@ -70,13 +71,19 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(h, kv_dim, bias=False)
         self.o_proj = nn.Linear(q_dim, h, bias=False)
 
+    def fuse(self) -> None:
+        """One [q; k; v] projection: one bigger matrix product instead of three (after loading)."""
+        fused = torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight])
+        self.qkv_proj = nn.Linear(fused.shape[1], fused.shape[0], bias=False, device=fused.device, dtype=fused.dtype)
+        self.qkv_proj.weight = nn.Parameter(fused, requires_grad=False)
+        del self.q_proj, self.k_proj, self.v_proj
+
     def forward(self, x, cos, sin, k_pool, v_pool, meta: AttentionMetadata) -> torch.Tensor:
-        t = x.shape[0]
-        q = self.q_proj(x).view(t, self.num_heads, self.head_dim)  # [T, nh, hd]
-        k = self.k_proj(x).view(t, self.num_kv_heads, self.head_dim)  # [T, kvh, hd]
-        v = self.v_proj(x).view(t, self.num_kv_heads, self.head_dim)
-        q = q * cos + rotate_half(q) * sin  # cos, sin: [T, 1, hd]
-        k = k * cos + rotate_half(k) * sin
+        t, nh, kvh = x.shape[0], self.num_heads, self.num_kv_heads
+        qkv = self.qkv_proj(x).view(t, nh + 2 * kvh, self.head_dim)  # [T, nh + 2 kvh, hd]
+        qk = qkv[:, : nh + kvh]
+        qk = qk * cos + rotate_half(qk) * sin  # RoPE on q and k at once; cos, sin: [T, 1, hd]
+        q, k, v = qk[:, :nh], qk[:, nh:], qkv[:, nh + kvh :]  # [T, nh, hd], [T, kvh, hd] x2
         write_kv(k_pool, v_pool, k, v, meta.slot_mapping)
         o = paged_attention(q, k, v, k_pool, v_pool, meta, self.scale)
         return self.o_proj(o.reshape(t, self.num_heads * self.head_dim))
@@ -89,8 +96,18 @@ class MLP(nn.Module):
         self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
 
+    def fuse(self) -> None:
+        """One [gate; up] projection (after loading)."""
+        fused = torch.cat([self.gate_proj.weight, self.up_proj.weight])
+        self.gate_up_proj = nn.Linear(fused.shape[1], fused.shape[0], bias=False, device=fused.device, dtype=fused.dtype)
+        self.gate_up_proj.weight = nn.Parameter(fused, requires_grad=False)
+        self.intermediate_size = self.gate_proj.weight.shape[0]
+        del self.gate_proj, self.up_proj
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate_up = self.gate_up_proj(x)  # [T, 2 I]
+        gate, up = gate_up[:, : self.intermediate_size], gate_up[:, self.intermediate_size :]
+        return self.down_proj(nn.functional.silu(gate) * up)
 
 
 class DecoderLayer(nn.Module):
@@ -130,6 +147,9 @@ class LlamaForCausalLM(nn.Module):
         missing = [m for m in missing if m != "inv_freq"]
         if missing or unexpected:
             raise ValueError(f"checkpoint does not fit the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
+        for layer in self.model.layers:
+            layer.self_attn.fuse()
+            layer.mlp.fuse()
 
     def rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         freqs = positions.float().unsqueeze(-1) * self.inv_freq  # [T, hd/2]

@@ -1,0 +1,43 @@
+"""UsageEvent: what one finished request (finished, failed or cancelled) is billed for, and its
+wire form on the usage stream and in the outbox (one JSON object; `request_id` is the
+idempotency key everywhere downstream)."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, fields, replace
+
+WIRE_VERSION = 1
+
+
+@dataclass(frozen=True)
+class UsageEvent:
+    request_id: str
+    tenant_id: int
+    api_key_id: int
+    model_name: str
+    model_version_id: int
+    replica_id: int | None
+    input_tokens: int  # the whole prompt, cached part included
+    cached_tokens: int  # the part of input_tokens served from the prefix cache
+    output_tokens: int
+    ttft_ms: float | None
+    total_ms: float
+    status: str  # one of UsageRecord.Status
+    finish_reason: str = ""
+    endpoint: str = ""
+    # Wall-clock seconds since the epoch when the request ended; the recorder stamps it with its
+    # injected clock when the caller leaves it None. Prices apply by this time, not arrival.
+    occurred_at: float | None = None
+
+    def stamped(self, now: float) -> "UsageEvent":
+        return self if self.occurred_at is not None else replace(self, occurred_at=now)
+
+    def to_json(self) -> str:
+        return json.dumps({"v": WIRE_VERSION, **self.__dict__}, separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, raw: str | bytes) -> "UsageEvent":
+        data = json.loads(raw)
+        data.pop("v", None)
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})

@@ -1,0 +1,93 @@
+"""The usage stream in Redis: its key names and the request path's publisher.
+
+Invariant: `UsageRecorder.record` returns only once the event is either in the stream (XADD
+acknowledged by Redis) or fsynced to the local outbox. It never raises for Redis trouble.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import redis
+import redis.asyncio as aioredis
+from django.apps import apps
+from django.conf import settings
+
+from billing.events import UsageEvent
+from billing.outbox import FileOutbox
+
+logger = logging.getLogger(__name__)
+
+GROUP = "billing"
+FIELD = "e"  # one field per entry: the event's JSON
+
+
+@dataclass(frozen=True)
+class StreamKeys:
+    prefix: str
+
+    @property
+    def stream(self) -> str:
+        return f"{self.prefix}billing:usage"
+
+    @property
+    def dead_letters(self) -> str:
+        """Entries PostgreSQL refused (e.g. an unknown tenant): kept for a human, not retried."""
+        return f"{self.prefix}billing:usage:dead"
+
+
+class UsageRecorder:
+    """Appends usage events to the stream; falls back to the outbox when Redis fails."""
+
+    def __init__(self, client: aioredis.Redis, keys: StreamKeys, outbox: FileOutbox,
+                 clock: Callable[[], float], retry_after_s: float = 1.0):
+        self.client = client
+        self.keys = keys
+        self.outbox = outbox
+        self.clock = clock
+        # After a failure, Redis is not tried again for this long: while it is down (or
+        # unresponsive, which costs a whole timeout per try) requests go straight to the outbox.
+        self.retry_after_s = retry_after_s
+        self._down_until = float("-inf")
+
+    async def record(self, event: UsageEvent) -> None:
+        now = self.clock()
+        event = event.stamped(now)
+        if now >= self._down_until:
+            try:
+                await self.client.xadd(self.keys.stream, {FIELD: event.to_json()})
+                return
+            except (redis.RedisError, OSError) as exc:
+                self._down_until = self.clock() + self.retry_after_s
+                logger.warning("usage stream unavailable (%s); events go to the outbox for "
+                               "%.1f s", exc, self.retry_after_s)
+        await asyncio.to_thread(self.outbox.append, [event])
+
+    async def close(self) -> None:
+        await self.client.aclose()
+
+
+def send_batch(client: redis.Redis, keys: StreamKeys, events: list[UsageEvent]) -> None:
+    """XADD a batch in one round trip (the outbox replay); raises if Redis fails."""
+    pipe = client.pipeline(transaction=False)
+    for event in events:
+        pipe.xadd(keys.stream, {FIELD: event.to_json()})
+    pipe.execute()
+
+
+def build_recorder() -> UsageRecorder:
+    timeout = settings.USAGE_STREAM_TIMEOUT_SECONDS
+    client = aioredis.Redis.from_url(settings.REDIS_URL, socket_timeout=timeout,
+                                     socket_connect_timeout=timeout)
+    return UsageRecorder(client, StreamKeys(settings.REDIS_KEY_PREFIX),
+                         FileOutbox(settings.BILLING_OUTBOX_DIR), time.time,
+                         settings.USAGE_STREAM_RETRY_SECONDS)
+
+
+async def close_loop_recorder(loop) -> None:
+    recorder = apps.get_app_config("billing").recorders.pop(loop, None)
+    if recorder is not None:
+        await recorder.close()

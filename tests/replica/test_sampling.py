@@ -1,0 +1,99 @@
+"""Sampling and stopping: seeds, top-k/top-p, stop strings and ids, finish reasons, deltas."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from replica.engine.detokenizer import IncrementalDetokenizer
+from replica.engine.request import FinishReason
+from replica.engine.runner.sampler import sample_one
+from replica.engine.sampling_params import InvalidRequestError, SamplingParams
+from tests.replica.tiny_llama import TINY, ByteDecoder, hf_model, our_engine
+
+
+@pytest.fixture(scope="module")
+def state_dict():
+    return {k: v.clone() for k, v in hf_model(TINY).state_dict().items()}
+
+
+def _run(engine, requests):
+    """requests: {id: (prompt, params)} -> {id: (tokens, text, finish_reason)}"""
+    for rid, (prompt, params) in requests.items():
+        engine.add_request(rid, prompt, params)
+    out = {rid: ([], [], None) for rid in requests}
+    while engine.has_unfinished_requests():
+        for o in engine.step():
+            tokens, texts, _ = out[o.request_id]
+            tokens.extend(o.new_token_ids)
+            texts.append(o.text_delta)
+            out[o.request_id] = (tokens, texts, o.finish_reason)
+    return {rid: (t, "".join(x), r) for rid, (t, x, r) in out.items()}
+
+
+def test_seeded_sampling_is_reproducible_whatever_the_batch(state_dict):
+    params = SamplingParams(max_tokens=20, temperature=1.0, top_p=0.9, seed=1234, ignore_eos=True)
+    alone = _run(our_engine(TINY, state_dict), {"a": ([5, 6, 7], params)})["a"][0]
+    crowd = {f"n{i}": ([9 + i, 10], SamplingParams(max_tokens=15, temperature=1.0, ignore_eos=True)) for i in range(5)}
+    crowd["a"] = ([5, 6, 7], params)
+    together = _run(our_engine(TINY, state_dict, max_num_batched_tokens=4), crowd)["a"][0]
+    assert alone == together
+    other_seed = SamplingParams(max_tokens=20, temperature=1.0, top_p=0.9, seed=99, ignore_eos=True)
+    assert _run(our_engine(TINY, state_dict), {"a": ([5, 6, 7], other_seed)})["a"][0] != alone
+
+
+def test_top_k_and_top_p_restrict_the_choice():
+    logits = torch.tensor([5.0, 4.0, 3.0, -10.0, -10.0])
+    picks = {sample_one(logits, SamplingParams(temperature=1.0, top_k=2), seed=s, index=0) for s in range(200)}
+    assert picks == {0, 1}
+    # p(0) ~ 0.66: top_p 0.5 keeps the first token only
+    picks = {sample_one(logits, SamplingParams(temperature=1.0, top_p=0.5), seed=s, index=0) for s in range(200)}
+    assert picks == {0}
+    picks = {sample_one(logits, SamplingParams(temperature=5.0), seed=s, index=0) for s in range(400)}
+    assert picks == {0, 1, 2, 3, 4}
+
+
+def test_finish_reasons_and_stop_token_ids(state_dict):
+    engine = our_engine(TINY, state_dict)
+    greedy = _run(engine, {"g": ([5, 6, 7], SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True))})["g"]
+    assert greedy[2] == FinishReason.LENGTH and len(greedy[0]) == 12
+    stop_id = greedy[0][4]
+    first = greedy[0].index(stop_id)
+    out = _run(engine, {"s": ([5, 6, 7], SamplingParams(max_tokens=12, temperature=0.0, stop_token_ids=(stop_id,)))})["s"]
+    assert out[2] == FinishReason.STOP and out[0] == greedy[0][: first + 1]
+
+
+def test_stop_string_truncates_and_is_never_streamed():
+    decoder = ByteDecoder()
+    detok = IncrementalDetokenizer(decoder, [3], stop=["END"])
+    emitted, stopped = [], False
+    for ch in "hello EN" + "D world":
+        delta, stopped = detok.append([ord(ch)])
+        emitted.append(delta)
+        if stopped:
+            break
+    assert stopped and "".join(emitted) == "hello "
+
+
+def test_multibyte_character_is_never_split():
+    detok = IncrementalDetokenizer(ByteDecoder(), [3])
+    deltas = [detok.append([b])[0] for b in "é🙂".encode()]
+    assert deltas == ["", "é", "", "", "", "🙂"]
+
+
+@pytest.mark.parametrize("bad", [
+    {"max_tokens": 0}, {"temperature": -1}, {"top_p": 0}, {"top_k": -1}, {"seed": "x"},
+    {"stop": [""]}, {"bogus": 1}, {"stop_token_ids": [-1]},
+])
+def test_invalid_parameters_are_refused(bad):
+    with pytest.raises(InvalidRequestError):
+        SamplingParams.from_dict(bad)
+
+
+def test_too_long_prompt_is_refused_and_others_keep_running(state_dict):
+    engine = our_engine(TINY, state_dict)
+    engine.add_request("ok", [5, 6], SamplingParams(max_tokens=3, temperature=0.0))
+    with pytest.raises(InvalidRequestError, match="context window"):
+        engine.add_request("long", [5] * TINY.max_position_embeddings, SamplingParams(max_tokens=3))
+    while engine.has_unfinished_requests():
+        engine.step()
+    assert engine.stats().num_free_blocks == engine.stats().num_total_blocks
