@@ -68,10 +68,18 @@ DATABASES = {
         **parse_database_url(
             env_str("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/llm_platform")
         ),
-        # Async views run ORM calls on asgiref's one thread-sensitive worker thread, so a
-        # persistent connection is one connection per process, not per request.
-        "CONN_MAX_AGE": env_int("DB_CONN_MAX_AGE", 60),
-        "CONN_HEALTH_CHECKS": True,
+        # Under ASGI Django runs each request's ORM calls on a thread of that request, so
+        # persistent per-thread connections pile up (one per concurrent request; PostgreSQL ran
+        # out of connections under load). A psycopg pool per process bounds them instead: a
+        # request borrows a connection and returns it when it closes.
+        "CONN_MAX_AGE": 0,
+        "OPTIONS": {
+            "pool": {
+                "min_size": env_int("DB_POOL_MIN_SIZE", 1),
+                "max_size": env_int("DB_POOL_MAX_SIZE", 8),
+                "timeout": env_int("DB_POOL_TIMEOUT_SECONDS", 10),
+            }
+        },
     }
 }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
