@@ -5,9 +5,10 @@ import functools
 import logging
 
 from django.core.exceptions import RequestDataTooBig
+from django.db import OperationalError
 from django.views.decorators.csrf import csrf_exempt
 
-from inference.errors import ApiError, MethodNotAllowed, NotFound, PayloadTooLarge
+from inference.errors import ApiError, MethodNotAllowed, NotFound, PayloadTooLarge, ServiceUnavailable
 
 logger = logging.getLogger(__name__)
 
@@ -29,6 +30,10 @@ def api_endpoint(*methods: str):
                 return exc.to_response()
             except RequestDataTooBig:
                 return PayloadTooLarge("The request body is too large.").to_response()
+            except OperationalError:  # database down, or its connection pool exhausted
+                logger.exception("database unavailable in %s", request.path)
+                return ServiceUnavailable("The platform's database is busy or unreachable; retry shortly.",
+                                          code="database_unavailable", headers={"Retry-After": "1"}).to_response()
             except Exception:  # noqa: BLE001 - last resort: a JSON error, never an HTML page
                 logger.exception("unhandled error in %s", request.path)
                 return ApiError("Internal error.").to_response()
