@@ -185,13 +185,9 @@ def main(argv: list[str] | None = None) -> dict:
     ours = run_ours(engine, workload)
     del engine
 
-    from transformers import LlamaForCausalLM as HFLlama
+    from replica.engine.models.hf_reference import hf_llama
 
-    from tests.replica.tiny_llama import hf_config
-
-    hf = HFLlama(hf_config(ckpt.config)).eval()
-    hf.load_state_dict(ckpt.state_dict, strict=False)
-    hf.tie_weights()
+    hf = hf_llama(ckpt.config, ckpt.state_dict)
     hf = hf.to(device=args.device, dtype=resolve_dtype(dtype, args.device))
     baseline = run_baseline(hf, workload, args.baseline_batch, args.device, args.baseline_batches)
 

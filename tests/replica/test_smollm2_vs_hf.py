@@ -11,7 +11,8 @@ from replica.engine.llm_engine import LLMEngine, build_model
 from replica.engine.models.loader import default_model_path, load_checkpoint
 from replica.engine.runner.model_runner import kv_bytes_per_block
 from replica.engine.sampling_params import SamplingParams
-from tests.replica.tiny_llama import hf_config, hf_greedy
+from replica.engine.models.hf_reference import hf_llama
+from tests.replica.tiny_llama import hf_greedy
 
 pytestmark = pytest.mark.slow
 
@@ -37,11 +38,7 @@ def prompts(checkpoint):
 
 @pytest.fixture(scope="module")
 def expected(checkpoint, prompts):
-    from transformers import LlamaForCausalLM as HFLlama
-
-    hf = HFLlama(hf_config(checkpoint.config)).eval()
-    hf.load_state_dict(checkpoint.state_dict, strict=False)
-    hf.tie_weights()
+    hf = hf_llama(checkpoint.config, checkpoint.state_dict)
     return [hf_greedy(hf, p, NEW_TOKENS) for p in prompts]
 
 

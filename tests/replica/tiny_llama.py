@@ -5,6 +5,7 @@ import torch
 
 from replica.engine.config import EngineConfig, ModelConfig
 from replica.engine.llm_engine import LLMEngine, build_model
+from replica.engine.models.hf_reference import hf_llama
 
 TINY = ModelConfig(
     vocab_size=256, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4, num_kv_heads=2,
@@ -22,31 +23,14 @@ class ByteDecoder:
         return bytes(i % 256 for i in ids if i >= 3).decode("utf-8", errors="replace")
 
 
-def hf_config(c: ModelConfig):
-    from transformers import LlamaConfig
-
-    return LlamaConfig(
-        vocab_size=c.vocab_size, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
-        num_hidden_layers=c.num_layers, num_attention_heads=c.num_heads, num_key_value_heads=c.num_kv_heads,
-        head_dim=c.head_dim, rms_norm_eps=c.rms_norm_eps, rope_theta=c.rope_theta,
-        max_position_embeddings=c.max_position_embeddings, tie_word_embeddings=c.tie_word_embeddings,
-        bos_token_id=c.bos_token_id, eos_token_id=list(c.eos_token_ids), pad_token_id=0,
-        attention_bias=False, mlp_bias=False,
-    )
-
-
 def hf_model(c: ModelConfig, state_dict=None, seed: int = 0):
-    from transformers import LlamaForCausalLM as HFLlama
-
     torch.manual_seed(seed)
-    model = HFLlama(hf_config(c)).eval()
+    model = hf_llama(c, state_dict)
     if state_dict is None:
         with torch.no_grad():  # larger weights than HF's init make greedy outputs varied
             for p in model.parameters():
                 if p.dim() == 2:
                     p.normal_(0, 0.25)
-    else:
-        model.load_state_dict(state_dict, strict=False)
     return model
 
 
