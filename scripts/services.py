@@ -126,31 +126,31 @@ def ensure_database(database_url: str) -> None:
             conn.execute(f'CREATE DATABASE "{name}"')
 
 
+def _choose(name: str, env_var: str, local_port: int, default_url: str, start_embedded, var_dir: Path,
+            services: "Services", force_embedded: bool, log) -> str:
+    """The URL in `env_var`, else the local default when its port answers, else an embedded server."""
+    url = os.environ.get(env_var)
+    if url and not force_embedded:
+        log(f"{name}: {env_var} ({urlparse(url).hostname})")
+        return url
+    if not force_embedded and port_answers("127.0.0.1", local_port):
+        log(f"{name}: the local server on 127.0.0.1:{local_port}")
+        return default_url
+    url, proc = start_embedded(var_dir)
+    services.started.append((name.lower(), proc))
+    log(f"{name}: embedded, port {urlparse(url).port}, data under {var_dir}")
+    return url
+
+
 def ensure_services(var_dir: Path, *, force_embedded: bool = False, log=print) -> Services:
     var_dir.mkdir(parents=True, exist_ok=True)
     services = Services(database_url="", redis_url="")
     try:
-        database_url = os.environ.get("DATABASE_URL")
-        if database_url and not force_embedded:
-            log(f"PostgreSQL: DATABASE_URL ({urlparse(database_url).hostname})")
-        elif not force_embedded and port_answers("127.0.0.1", 5432):
-            database_url = DEFAULT_DATABASE_URL
-            log("PostgreSQL: the local server on 127.0.0.1:5432")
-        else:
-            database_url, proc = start_embedded_postgres(var_dir)
-            services.started.append(("postgres", proc))
-            log(f"PostgreSQL: embedded, {urlparse(database_url).port}, data in {var_dir / 'pgdata'}")
+        database_url = _choose("PostgreSQL", "DATABASE_URL", 5432, DEFAULT_DATABASE_URL, start_embedded_postgres,
+                               var_dir, services, force_embedded, log)
         ensure_database(database_url)
-        redis_url = os.environ.get("REDIS_URL")
-        if redis_url and not force_embedded:
-            log(f"Redis: REDIS_URL ({urlparse(redis_url).hostname})")
-        elif not force_embedded and port_answers("127.0.0.1", 6379):
-            redis_url = DEFAULT_REDIS_URL
-            log("Redis: the local server on 127.0.0.1:6379")
-        else:
-            redis_url, proc = start_embedded_redis(var_dir)
-            services.started.append(("redis", proc))
-            log(f"Redis: embedded, port {urlparse(redis_url).port}")
+        redis_url = _choose("Redis", "REDIS_URL", 6379, DEFAULT_REDIS_URL, start_embedded_redis,
+                            var_dir, services, force_embedded, log)
     except BaseException:
         services.stop()
         raise
