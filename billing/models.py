@@ -84,6 +84,9 @@ class UsageHourly(models.Model):
     input_tokens = models.BigIntegerField(default=0)
     cached_tokens = models.BigIntegerField(default=0)
     output_tokens = models.BigIntegerField(default=0)
+    # Time to first token over the hour's requests that produced one (null: none did).
+    ttft_p50_ms = models.FloatField(null=True, blank=True)
+    ttft_p90_ms = models.FloatField(null=True, blank=True)
 
     class Meta:
         ordering = ["-hour"]

@@ -32,6 +32,8 @@ INSTALLED_APPS = [
     "models_registry",
     "inference",
     "billing",
+    "dashboard",
+    "consoles",  # last: its post_migrate sets up the role groups once every permission exists
 ]
 
 MIDDLEWARE = [
@@ -198,3 +200,16 @@ CELERY_BEAT_SCHEDULE.update({
         "schedule": env_float("BILLING_INVOICE_INTERVAL_SECONDS", 3600.0),
     },
 })
+
+# --- Consoles (staff admin console, tenant dashboard) -------------------------------------------
+LOGIN_URL = "/dashboard/login/"
+# Sessions (admin and dashboard) end this long after log-in, whatever happens in between.
+SESSION_COOKIE_AGE = env_int("SESSION_COOKIE_AGE", 8 * 3600)
+SESSION_COOKIE_HTTPONLY = True
+SESSION_COOKIE_SAMESITE = "Lax"
+SESSION_COOKIE_SECURE = env_bool("SESSION_COOKIE_SECURE", False)  # true behind HTTPS
+CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
+# daphne serves /static/ itself (admin and dashboard CSS/JS; no CDN, nothing from outside).
+SERVE_STATIC = env_bool("SERVE_STATIC", True)
+# How often the live fleet page receives replica loads (seconds).
+FLEET_LOAD_INTERVAL_SECONDS = env_float("FLEET_LOAD_INTERVAL_SECONDS", 2.0)

@@ -13,6 +13,7 @@ from asgiref.sync import sync_to_async
 from django.utils import timezone
 
 from models_registry.models import Replica
+from models_registry.signals import replica_states_changed
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,7 @@ async def check_replicas(timeout_s: float = 2.0) -> dict[int, str]:
     ]
     results = await asyncio.gather(*(_is_model_ready(p, timeout_s) for p in probes))
     states = {}
+    changed: list[int] = []
     now = timezone.now()
     for probe, ready in zip(probes, results):
         new_state = _next_state(probe.state, ready)
@@ -57,8 +59,13 @@ async def check_replicas(timeout_s: float = 2.0) -> dict[int, str]:
         if ready:
             fields["last_heartbeat"] = now
         # Only if nobody changed the state meanwhile (an operator draining it, say).
-        await sync_to_async(
+        num_updated = await sync_to_async(
             Replica.objects.filter(pk=probe.replica_id, state=probe.state).update
         )(**fields)
         states[probe.replica_id] = new_state
+        if num_updated and new_state != probe.state:
+            changed.append(probe.replica_id)
+    if changed:
+        # `.update()` sends no post_save: tell listeners (the live fleet page) ourselves.
+        await replica_states_changed.asend(sender=Replica, replica_ids=changed)
     return states
