@@ -30,7 +30,10 @@ class UsageRecordAdmin(ReadOnlyAdmin):
     list_display = ("occurred_at", "request_id", "tenant", "model_name", "status",
                     "input_tokens", "cached_tokens", "output_tokens", "ttft_ms", "total_ms",
                     "invoice")
-    list_filter = ("status", "model_name", "tenant")
+    # By version (a small table), not model_name: DISTINCT over every usage row is slow.
+    list_filter = ("status", "model_version", "tenant")
+    list_select_related = ("tenant", "invoice__tenant")
+    show_full_result_count = False
     search_fields = ("request_id",)
     date_hierarchy = "occurred_at"
     actions = ["export_csv"]
@@ -45,8 +48,10 @@ class UsageRecordAdmin(ReadOnlyAdmin):
 @admin.register(UsageHourly)
 class UsageHourlyAdmin(ReadOnlyAdmin):
     list_display = ("hour", "tenant", "model_name", "num_requests", "input_tokens",
-                    "cached_tokens", "output_tokens")
-    list_filter = ("tenant", "model_name")
+                    "cached_tokens", "output_tokens", "ttft_p50_ms", "ttft_p90_ms")
+    list_filter = ("tenant", "model_version")
+    list_select_related = ("tenant",)
+    show_full_result_count = False
     date_hierarchy = "hour"
 
 
@@ -65,6 +70,7 @@ class InvoiceLineInline(admin.TabularInline):
 class InvoiceAdmin(ReadOnlyAdmin):
     list_display = ("tenant", "period_start", "period_end", "issued_at", "total", "currency")
     list_filter = ("tenant",)
+    list_select_related = ("tenant",)
     date_hierarchy = "period_start"
     inlines = [InvoiceLineInline]
     actions = ["export_csv"]

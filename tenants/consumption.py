@@ -66,3 +66,23 @@ def read_consumption(redis_client, key_prefix: str, limits: Iterable[Limits],
                                    item.tokens_per_minute, item.token_burst),
         )
     return out
+
+
+def consumption_for(tenants) -> dict:
+    """Live consumption of these Tenant objects from the configured Redis (empty when Redis
+    does not answer: pages still render and say the numbers are not available)."""
+    import time
+
+    import redis
+    from django.conf import settings
+
+    from tenants.selectors import limits_from_tenant
+
+    client = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=1.0)
+    try:
+        return read_consumption(client, settings.REDIS_KEY_PREFIX,
+                                [limits_from_tenant(t) for t in tenants], time.time)
+    except redis.RedisError:
+        return {}
+    finally:
+        client.close()
