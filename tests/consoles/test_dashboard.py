@@ -67,7 +67,8 @@ def test_login_logout_and_csrf(member_a):
     assert client.get("/dashboard/").status_code == 302
 
 
-@override_settings(LOGIN_RATELIMIT="3/m")
+# Per hour: a fixed window of a minute could roll over mid-test.
+@override_settings(LOGIN_RATELIMIT="3/h")
 def test_login_attempts_are_rate_limited(member_a):
     client = Client()
     for _ in range(3):
