@@ -30,7 +30,9 @@ async def test_playground_streams_as_the_members_tenant(member_a, tenant_a, mode
     page = await client.get("/dashboard/playground/")
     assert b"<option>chat-small</option>" in page.content
     assert b"llmp_" not in page.content  # no key in the page, ever
-    response = await post(client, {"model": "chat-small", "prompt": "Hi", "max_tokens": 3})
+    # Ids of other tenants or keys in the body are ignored: the session decides.
+    response = await post(client, {"model": "chat-small", "prompt": "Hi", "max_tokens": 3,
+                                   "tenant_id": tenant_a.pk + 1000, "api_key": "llmp_x_y"})
     assert response.status_code == 200 and response["Content-Type"] == "text/event-stream"
     events = sse_events(b"".join([c async for c in response.streaming_content]))
     assert [name for name, _ in events] == ["token"] * 3 + ["done"]
