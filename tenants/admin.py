@@ -13,6 +13,7 @@ from django.utils.html import format_html
 
 from tenants.consumption import consumption_for
 from tenants.models import ApiKey, Tenant, TenantMembership, Tier
+from tenants.selectors import limits_from_tenant
 from tenants.services import create_api_key, revoke_api_key
 
 
@@ -22,8 +23,9 @@ def _sync_redis() -> redis.Redis:
 
 def meter(used: float, capacity: int, percent: int, unit: str):
     return format_html(
-        '<meter min="0" max="100" value="{}" aria-label="{} used">{}%</meter> '
-        '{} / {} {}', percent, unit, percent, f"{used:,.0f}", f"{capacity:,}", unit)
+        '<meter min="0" max="100" value="{}" style="width:4em" aria-label="{} used">{}%</meter>'
+        ' <span style="white-space:nowrap">{} / {} {}</span>', percent, unit, percent,
+        f"{used:,.0f}", f"{capacity:,}", unit)
 
 
 @admin.register(Tier)
@@ -71,8 +73,7 @@ class CreateKeyForm(forms.Form):
 @admin.register(Tenant)
 class TenantAdmin(admin.ModelAdmin):
     # Limit edits reach every platform process within settings.QUOTA_LIMITS_CACHE_SECONDS.
-    list_display = ("name", "tier", "is_active", "requests_per_minute", "tokens_per_minute",
-                    "requests_now", "tokens_now", "created_at")
+    list_display = ("name", "tier", "is_active", "limits", "requests_now", "tokens_now")
     list_filter = ("tier", "is_active")
     list_select_related = ("tier",)
     search_fields = ("name",)
@@ -83,14 +84,21 @@ class TenantAdmin(admin.ModelAdmin):
     def get_changelist(self, request, **kwargs):
         return QuotaChangeList
 
-    @admin.display(description="requests bucket used now")
+    @admin.display(description="limits (per minute)")
+    def limits(self, tenant):
+        lim = limits_from_tenant(tenant)
+        overridden = tenant.requests_per_minute is not None or tenant.tokens_per_minute is not None
+        return format_html("{} requests, {} tokens{}", f"{lim.requests_per_minute:,}",
+                           f"{lim.tokens_per_minute:,}", " (own)" if overridden else "")
+
+    @admin.display(description="requests used now")
     def requests_now(self, tenant):
         c = getattr(tenant, "live_consumption", None)
         if c is None:
             return "n/a"
         return meter(c.requests_used, c.limits.request_burst, c.requests_percent, "requests")
 
-    @admin.display(description="tokens bucket used now")
+    @admin.display(description="tokens used now")
     def tokens_now(self, tenant):
         c = getattr(tenant, "live_consumption", None)
         if c is None:

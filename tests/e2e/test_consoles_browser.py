@@ -132,7 +132,7 @@ def test_account_manager_journey(page, live_server_url, fake_triton):
     page.get_by_text("was changed successfully").wait_for()
     tenant.refresh_from_db()
     assert tenant.tokens_per_minute == 250_000
-    assert "250000" in page.locator("#result_list").inner_text()
+    assert "250,000 tokens (own)" in page.locator("#result_list").inner_text()
     screenshot(page, "manager-limit-raised")
 
     page.goto(f"{base}/admin/fleet/")
