@@ -7,7 +7,9 @@ shows a stale row until the next change, and says so when its socket drops.
 """
 from __future__ import annotations
 
+import asyncio
 import logging
+import threading
 from typing import Iterable
 
 from asgiref.sync import async_to_sync
@@ -43,14 +45,27 @@ def replica_row(replica: Replica) -> dict:
     }
 
 
+def _group_send(layer, rows: list[dict]) -> None:
+    try:
+        async_to_sync(layer.group_send)(FLEET_GROUP, {"type": "fleet.replicas", "rows": rows})
+    except Exception:  # noqa: BLE001 - the page is a view; the registry write stands
+        logger.exception("could not publish replica changes to the fleet page")
+
+
 def _send(rows: list[dict]) -> None:
     layer = get_channel_layer()
     if layer is None or not rows:
         return
     try:
-        async_to_sync(layer.group_send)(FLEET_GROUP, {"type": "fleet.replicas", "rows": rows})
-    except Exception:  # noqa: BLE001 - the page is a view; the registry write stands
-        logger.exception("could not publish replica changes to the fleet page")
+        asyncio.get_running_loop()
+    except RuntimeError:
+        _group_send(layer, rows)  # the usual case: a sync thread without an event loop
+        return
+    # A sync save on a thread that runs an event loop (which async_to_sync refuses): send
+    # from a short-lived thread of its own.
+    thread = threading.Thread(target=_group_send, args=(layer, rows), daemon=True)
+    thread.start()
+    thread.join(5)
 
 
 def publish_replicas(replica_ids: Iterable[int]) -> None:

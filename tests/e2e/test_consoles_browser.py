@@ -231,8 +231,11 @@ def test_tenant_member_journey(page, browser, live_server_url, smollm2):
     try:
         mobile = phone.new_page()
         login_member(mobile, base, "alice", "alice-pw")
-        width = mobile.evaluate("document.documentElement.scrollWidth")
-        assert width <= 390, f"the page scrolls sideways on a phone ({width} px)"
         screenshot(mobile, "member-usage-phone")
+        for path in ("/dashboard/", "/dashboard/keys/", "/dashboard/invoices/",
+                     "/dashboard/playground/"):
+            mobile.goto(base + path)
+            width = mobile.evaluate("document.documentElement.scrollWidth")
+            assert width <= 390, f"{path} scrolls sideways on a phone ({width} px)"
     finally:
         phone.close()
