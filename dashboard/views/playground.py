@@ -8,7 +8,7 @@ apply exactly as for API calls. The reply is the SSE stream of `/v1/generate`.
 import json
 
 from asgiref.sync import sync_to_async
-from django.http import JsonResponse, StreamingHttpResponse
+from django.http import StreamingHttpResponse
 from django.shortcuts import render
 
 from dashboard.access import member_view, membership_of

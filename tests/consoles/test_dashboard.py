@@ -154,3 +154,13 @@ def test_isolation_other_tenants_ids_are_404(member_a, tenant_a, member_b, tenan
     as_b = logged_in(member_b)
     assert as_b.get(f"/dashboard/invoices/{b_invoice.pk}/").status_code == 200
     assert 'data-series="chat-small"' in as_b.get("/dashboard/?range=24h").content.decode()
+
+
+def test_an_expired_session_is_logged_out(member_a):
+    client = logged_in(member_a)
+    assert client.get("/dashboard/").status_code == 200
+    session = client.session
+    session.set_expiry(-1)  # as if SESSION_COOKIE_AGE had passed since log-in
+    session.save()
+    response = client.get("/dashboard/")
+    assert response.status_code == 302 and response["Location"].startswith("/dashboard/login/")

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import csv
 import io
-import re
 import threading
 from datetime import datetime, timedelta, timezone
 
