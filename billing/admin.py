@@ -2,6 +2,7 @@
 Nothing here edits usage or issued invoices."""
 from django.contrib import admin
 
+from billing.admin_paginator import EstimatedCountPaginator
 from billing.csv_export import csv_response
 from billing.models import Invoice, InvoiceLine, Price, UsageHourly, UsageRecord
 
@@ -31,11 +32,12 @@ class UsageRecordAdmin(ReadOnlyAdmin):
                     "input_tokens", "cached_tokens", "output_tokens", "ttft_ms", "total_ms",
                     "invoice")
     # By version (a small table), not model_name: DISTINCT over every usage row is slow.
-    list_filter = ("status", "model_version", "tenant")
+    # No date_hierarchy (its DISTINCT over every row is a full scan): a date filter instead.
+    list_filter = ("occurred_at", "status", "model_version", "tenant")
     list_select_related = ("tenant", "invoice__tenant")
     show_full_result_count = False
+    paginator = EstimatedCountPaginator
     search_fields = ("request_id",)
-    date_hierarchy = "occurred_at"
     actions = ["export_csv"]
 
     @admin.action(description="Export selected usage as CSV")
@@ -49,10 +51,10 @@ class UsageRecordAdmin(ReadOnlyAdmin):
 class UsageHourlyAdmin(ReadOnlyAdmin):
     list_display = ("hour", "tenant", "model_name", "num_requests", "input_tokens",
                     "cached_tokens", "output_tokens", "ttft_p50_ms", "ttft_p90_ms")
-    list_filter = ("tenant", "model_version")
+    list_filter = ("hour", "tenant", "model_version")
     list_select_related = ("tenant",)
     show_full_result_count = False
-    date_hierarchy = "hour"
+    paginator = EstimatedCountPaginator
 
 
 class InvoiceLineInline(admin.TabularInline):

@@ -58,3 +58,21 @@ def test_page_queries_do_not_grow_with_usage(member_a, tenant_a, tenant_b, manag
     large = [queries(c, url) for c, url in pages]
     assert small == large
     assert Tenant.objects.count() == 2 and UsageHourly.objects.count() == 24 + 2 * 24 * 60
+
+
+def test_big_unfiltered_lists_count_with_the_planner_estimate(tenant_a, tenant_b, model_version):
+    from billing.admin_paginator import EstimatedCountPaginator
+
+    class Paginator(EstimatedCountPaginator):
+        exact_below = 10  # "big" for this test
+
+    seed_rollups([tenant_a.pk, tenant_b.pk], [model_version], datetime.now(timezone.utc), 50)
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE billing_usagehourly")
+    with CaptureQueriesContext(connection) as ctx:
+        assert Paginator(UsageHourly.objects.all(), 100).count == 100  # reltuples after ANALYZE
+    assert "reltuples" in ctx.captured_queries[0]["sql"]
+    assert "COUNT" not in " ".join(q["sql"].upper() for q in ctx.captured_queries)
+    assert Paginator(UsageHourly.objects.filter(tenant=tenant_a), 100).count == 50  # exact
+    UsageHourly.objects.filter(tenant=tenant_b).delete()
+    assert EstimatedCountPaginator(UsageHourly.objects.all(), 100).count == 50  # small: exact
