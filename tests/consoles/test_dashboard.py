@@ -164,3 +164,12 @@ def test_an_expired_session_is_logged_out(member_a):
     session.save()
     response = client.get("/dashboard/")
     assert response.status_code == 302 and response["Location"].startswith("/dashboard/login/")
+
+
+def test_createmember_command(tenant_a):
+    from django.contrib.auth import authenticate
+    from django.core.management import call_command
+
+    call_command("createmember", "carol", "acme", "--password", "s3cret")
+    user = authenticate(username="carol", password="s3cret")
+    assert user is not None and user.tenant_membership.tenant == tenant_a
