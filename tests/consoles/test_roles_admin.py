@@ -109,3 +109,16 @@ def test_fleet_page_lists_replicas(operator, model_version):
     page = logged_in(operator).get("/admin/fleet/").content.decode()
     assert f'id="replica-{replica.pk}"' in page and "state-loading" in page
     assert "/static/consoles/fleet.js" in page
+
+
+def test_migrate_sets_up_the_roles(transactional_db):
+    from django.contrib.auth.models import Group
+    from django.core.management import call_command
+
+    Group.objects.all().delete()
+    call_command("migrate", verbosity=0)
+    manager = Group.objects.get(name="account manager")
+    operator = Group.objects.get(name="operator")
+    assert manager.permissions.filter(codename="add_apikey").exists()
+    assert operator.permissions.filter(codename="change_replica").exists()
+    assert not operator.permissions.filter(codename="add_apikey").exists()
