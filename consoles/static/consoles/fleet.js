@@ -58,7 +58,11 @@
         });
       }
     };
-    socket.onclose = function () {
+    socket.onclose = function (event) {
+      if (event.code === 4403) {
+        setStatus("closed", "Not allowed: your account may not view replicas.");
+        return;
+      }
       setStatus("closed", "Disconnected: retrying in 3 s (rows may be stale).");
       setTimeout(connect, 3000);
     };
