@@ -207,7 +207,7 @@ def test_tenant_member_journey(page, browser, live_server_url, smollm2):
     screenshot(page, "member-keys")
 
     page.get_by_role("link", name="Invoices").click()
-    page.get_by_role("link", name=start.strftime("%B %Y")).click()
+    page.get_by_role("link", name=start.strftime("%B %Y"), exact=True).click()
     with page.expect_download() as info:
         page.get_by_role("link", name="Download CSV").click()
     rows = list(csv.DictReader(io.StringIO(open(info.value.path()).read())))
