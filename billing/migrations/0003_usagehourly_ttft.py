@@ -20,4 +20,8 @@ class Migration(migrations.Migration):
             name='ttft_p90_ms',
             field=models.FloatField(blank=True, null=True),
         ),
+        migrations.AddIndex(
+            model_name='usagehourly',
+            index=models.Index(fields=['hour'], name='billing_usagehourly_hour'),
+        ),
     ]
