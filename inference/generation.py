@@ -32,6 +32,7 @@ from inference.replica_client import (
     ReplicaStreamError,
     ReplicaUnavailable,
 )
+from inference.prefix_index import prompt_block_hashes
 from inference.router import NoReplicaReady, RouteRequest
 
 logger = logging.getLogger(__name__)
@@ -134,9 +135,12 @@ async def generate(container: Container, prepared: Prepared) -> AsyncIterator[De
     clock = container.clock
     progress = _Progress(started=clock())
     result: Result | None = None
-    route = RouteRequest(prepared.principal.tenant_id, len(prepared.prompt_token_ids),
-                         prepared.max_tokens)
     request = replica_request(prepared)
+    route = RouteRequest(prepared.principal.tenant_id, len(prepared.prompt_token_ids),
+                         prepared.max_tokens,
+                         block_hashes=prompt_block_hashes(prepared.prompt_token_ids,
+                                                          request.cache_salt,
+                                                          settings.ROUTER_PREFIX_MAX_BLOCKS))
     tried: set[int] = set()
     slot: Slot | None = None
     try:
@@ -166,6 +170,7 @@ async def generate(container: Container, prepared: Prepared) -> AsyncIterator[De
                         if progress.first_token_at is None:
                             progress.first_token_at = clock()
                             await lease.release_prompt()
+                            await container.router.first_token(lease)
                         if chunk.text:
                             progress.deltas.append(chunk.text)
                             yield Delta(chunk.text)
@@ -176,11 +181,16 @@ async def generate(container: Container, prepared: Prepared) -> AsyncIterator[De
                 progress.status = UsageRecord.Status.REJECTED
                 raise InvalidRequest(str(exc) or "The replica refused the request.") from exc
             except (ReplicaUnavailable, ReplicaStreamError) as exc:
-                if progress.first_token_at is not None:
+                started = progress.first_token_at is not None
+                retrying = not started and len(tried) < settings.ROUTER_MAX_ATTEMPTS
+                await asyncio.shield(container.router.failed(
+                    lease, before_first_token=not started, retrying=retrying))
+                if started:
+                    # The usage row records it: status failed, the tokens streamed so far.
                     raise ReplicaFailed(f"The replica failed mid-stream: {exc}") from exc
                 logger.warning("replica %s failed before the first token: %s",
                                lease.replica.grpc_address, exc)
-                if len(tried) >= settings.ROUTER_MAX_ATTEMPTS:
+                if not retrying:
                     raise ReplicaFailed("The replicas failed before the first token; retry later.",
                                         headers={"Retry-After": "1"}) from exc
                 continue
@@ -190,6 +200,12 @@ async def generate(container: Container, prepared: Prepared) -> AsyncIterator[De
                 raise ReplicaFailed("The replica ended the stream without a final response.")
             progress.status = UsageRecord.Status.OK
             final = progress.final
+            try:
+                await container.router.finished(
+                    lease, final.num_input_tokens or len(prepared.prompt_token_ids),
+                    final.num_cached_tokens)
+            except Exception:  # noqa: BLE001 - counters only; the reply stands
+                logger.exception("routing stats for %s were not recorded", prepared.request_id)
             result = Result(
                 id=prepared.request_id,
                 created=int(time.time()),

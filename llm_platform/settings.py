@@ -137,6 +137,21 @@ IDEMPOTENCY_PENDING_TTL_SECONDS = env_int("IDEMPOTENCY_PENDING_TTL_SECONDS", 15 
 NO_REPLICA_RETRY_AFTER_SECONDS = env_int("NO_REPLICA_RETRY_AFTER_SECONDS", 5)
 # How many replicas a request tries when one fails before its first token.
 ROUTER_MAX_ATTEMPTS = env_int("ROUTER_MAX_ATTEMPTS", 3)
+# Routing (inference/router.py). The prefix index forgets a replica's blocks after this long
+# without a request sending them there (the replica's LRU has likely evicted them by then).
+ROUTER_PREFIX_TTL_SECONDS = env_float("ROUTER_PREFIX_TTL_SECONDS", 300.0)
+# Leading prompt blocks hashed for prefix affinity (16 tokens each).
+ROUTER_PREFIX_MAX_BLOCKS = env_int("ROUTER_PREFIX_MAX_BLOCKS", 128)
+# Each replica's metrics port is polled this often (one process per tick polls each replica);
+# its signals expire after ROUTER_SIGNALS_TTL_SECONDS without a successful poll. 0 = no polling.
+ROUTER_SIGNALS_INTERVAL_SECONDS = env_float("ROUTER_SIGNALS_INTERVAL_SECONDS", 1.0)
+ROUTER_SIGNALS_TTL_SECONDS = env_float("ROUTER_SIGNALS_TTL_SECONDS", 3.0)
+ROUTER_SIGNALS_TIMEOUT_SECONDS = env_float("ROUTER_SIGNALS_TIMEOUT_SECONDS", 0.5)
+# Circuit breaker per replica: this many consecutive faults open it for the cool-down; then one
+# probe request may go (its claim lapses after the probe timeout if its process dies).
+ROUTER_CIRCUIT_FAILURES = env_int("ROUTER_CIRCUIT_FAILURES", 3)
+ROUTER_CIRCUIT_COOLDOWN_SECONDS = env_float("ROUTER_CIRCUIT_COOLDOWN_SECONDS", 10.0)
+ROUTER_CIRCUIT_PROBE_TIMEOUT_SECONDS = env_float("ROUTER_CIRCUIT_PROBE_TIMEOUT_SECONDS", 30.0)
 # Model versions and ready-replica lists are read from PostgreSQL at most this often per process
 # (a registry change reaches every process within this time).
 REGISTRY_CACHE_TTL_SECONDS = env_float("REGISTRY_CACHE_TTL_SECONDS", 1.0)

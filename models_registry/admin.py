@@ -12,6 +12,7 @@ class ModelVersionInline(admin.TabularInline):
 @admin.register(Model)
 class ModelAdmin(admin.ModelAdmin):
     list_display = ("name", "is_public", "routing_policy", "created_at")
+    list_editable = ("routing_policy",)  # takes effect within REGISTRY_CACHE_TTL_SECONDS
     filter_horizontal = ("tenants",)
     inlines = [ModelVersionInline]
 
