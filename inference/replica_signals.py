@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import time
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -107,27 +108,39 @@ class SignalPoller:
     """Polls the metrics port of every replica this process routes to (the router tells it
     which: `watch`). Runs as one asyncio task per event loop until `stop`."""
 
+    # A replica the router has not offered for this long (stopped, failed) is no longer polled.
+    forget_after_s = 60.0
+
     def __init__(self, store: SignalStore, interval_s: float, timeout_s: float,
-                 sleep: Callable[[float], object] = asyncio.sleep):
+                 sleep: Callable[[float], object] = asyncio.sleep,
+                 clock: Callable[[], float] = time.monotonic):
         self._store = store
         self._interval = interval_s
         self._timeout = timeout_s
         self._sleep = sleep
+        self._clock = clock
         self._watched: dict[int, str] = {}  # replica id -> metrics host:port
+        self._last_seen: dict[int, float] = {}
         self._task: asyncio.Task | None = None
         self._http: httpx.AsyncClient | None = None
 
     def watch(self, replicas: Sequence) -> None:
         """Poll these replicas (ReplicaInfo) from now on; starts the task on first use."""
+        now = self._clock()
         for replica in replicas:
             if replica.metrics_address:
                 self._watched[replica.replica_id] = replica.metrics_address
+                self._last_seen[replica.replica_id] = now
         if self._task is None and self._watched and self._interval > 0:
             self._task = asyncio.get_running_loop().create_task(self._run())
 
     async def poll_once(self) -> dict[int, ReplicaSignals]:
         if self._http is None:
             self._http = httpx.AsyncClient(timeout=self._timeout)
+        oldest = self._clock() - self.forget_after_s
+        for rid in [rid for rid, seen in self._last_seen.items() if seen < oldest]:
+            self._watched.pop(rid, None)
+            self._last_seen.pop(rid, None)
         watched = list(self._watched.items())
         claimed = [(rid, addr) for rid, addr in watched
                    if await self._store.claim_poll(rid, self._interval)]

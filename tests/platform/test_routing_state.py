@@ -13,6 +13,7 @@ from inference.prefix_index import PrefixIndex, prompt_block_hashes
 from inference.replica_signals import ReplicaSignals, SignalPoller, SignalStore, parse_metrics
 from inference.router import RouteRequest
 from models_registry.models import Model
+from models_registry.selectors import ReplicaInfo
 from models_registry.services import register_replica
 from replica.engine.kv.manager import KVCacheManager
 from replica.engine.request import Request
@@ -121,8 +122,12 @@ async def test_signal_poller_shares_fresh_signals_once_per_tick(redis, fake_repl
     store = SignalStore(redis, PREFIX, ttl_s=0.3)
     first = SignalPoller(store, interval_s=1.0, timeout_s=2.0)
     second = SignalPoller(store, interval_s=1.0, timeout_s=2.0)  # another platform process
-    info = type("R", (), {"replica_id": 9, "metrics_address": fake_replica.metrics_address})
-    first._watched[9] = second._watched[9] = info.metrics_address
+    info = ReplicaInfo(replica_id=9, grpc_address="", metrics_address=fake_replica.metrics_address,
+                       zone="")
+    first._interval = second._interval = 0  # no background task: ticks driven by the test
+    first.watch([info])
+    second.watch([info])
+    first._interval = second._interval = 1.0
     try:
         assert (await first.poll_once()).keys() == {9}
         assert await second.poll_once() == {}  # this tick's lease is taken
@@ -130,6 +135,8 @@ async def test_signal_poller_shares_fresh_signals_once_per_tick(redis, fake_repl
         import asyncio
         await asyncio.sleep(0.4)
         assert await store.read([9]) == {}  # stale signals expire
+        first.forget_after_s = 0.0  # no longer offered by the router: no longer polled
+        assert await first.poll_once() == {} and first._watched == {}
     finally:
         await first.stop()
         await second.stop()
