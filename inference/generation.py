@@ -170,7 +170,7 @@ async def generate(container: Container, prepared: Prepared) -> AsyncIterator[De
                         if progress.first_token_at is None:
                             progress.first_token_at = clock()
                             await lease.release_prompt()
-                            await container.router.first_token(lease)
+                            await _report(container.router.first_token(lease))
                         if chunk.text:
                             progress.deltas.append(chunk.text)
                             yield Delta(chunk.text)
@@ -183,8 +183,8 @@ async def generate(container: Container, prepared: Prepared) -> AsyncIterator[De
             except (ReplicaUnavailable, ReplicaStreamError) as exc:
                 started = progress.first_token_at is not None
                 retrying = not started and len(tried) < settings.ROUTER_MAX_ATTEMPTS
-                await asyncio.shield(container.router.failed(
-                    lease, before_first_token=not started, retrying=retrying))
+                await asyncio.shield(_report(container.router.failed(
+                    lease, before_first_token=not started, retrying=retrying)))
                 if started:
                     # The usage row records it: status failed, the tokens streamed so far.
                     raise ReplicaFailed(f"The replica failed mid-stream: {exc}") from exc
@@ -200,12 +200,9 @@ async def generate(container: Container, prepared: Prepared) -> AsyncIterator[De
                 raise ReplicaFailed("The replica ended the stream without a final response.")
             progress.status = UsageRecord.Status.OK
             final = progress.final
-            try:
-                await container.router.finished(
-                    lease, final.num_input_tokens or len(prepared.prompt_token_ids),
-                    final.num_cached_tokens)
-            except Exception:  # noqa: BLE001 - counters only; the reply stands
-                logger.exception("routing stats for %s were not recorded", prepared.request_id)
+            await _report(container.router.finished(
+                lease, final.num_input_tokens or len(prepared.prompt_token_ids),
+                final.num_cached_tokens))
             result = Result(
                 id=prepared.request_id,
                 created=int(time.time()),
@@ -225,6 +222,15 @@ async def generate(container: Container, prepared: Prepared) -> AsyncIterator[De
     finally:
         # Shielded: a second cancellation must not lose the usage row or the key's state.
         await asyncio.shield(_finish(container, prepared, progress, result, slot))
+
+
+async def _report(outcome) -> None:
+    """Tell the router how a replica did (circuit, prefix index, counters): a Redis hiccup
+    there must not fail a request the replica is serving."""
+    try:
+        await outcome
+    except Exception:  # noqa: BLE001
+        logger.exception("routing outcome not recorded")
 
 
 async def _finish(container: Container, prepared: Prepared, progress: _Progress,
