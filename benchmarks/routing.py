@@ -120,6 +120,13 @@ def ideal_hit_tokens(systems, warmup, trace, tokenizer) -> tuple[int, int]:
 
 
 async def one_request(http: httpx.AsyncClient, base_url: str, key: str, body: dict) -> Sample:
+    try:
+        return await _one_request(http, base_url, key, body)
+    except httpx.HTTPError:  # counted as failed (status -1), the run goes on
+        return Sample(-1, 0.0, 0, 0, time.perf_counter())
+
+
+async def _one_request(http: httpx.AsyncClient, base_url: str, key: str, body: dict) -> Sample:
     start = time.perf_counter()
     ttft, event = None, None
     async with http.stream("POST", base_url + "/v1/generate", json=body,
@@ -163,7 +170,7 @@ def replica_counters(fleet) -> list[dict]:
     out = []
     for _, metrics_address in fleet.replicas:
         text = httpx.get(f"http://{metrics_address}/metrics", timeout=10).text
-        out.append(parse_metrics(text).__dict__)
+        out.append({k: v or 0 for k, v in parse_metrics(text).__dict__.items()})
     return out
 
 
