@@ -277,12 +277,15 @@ def run(args) -> dict:
             if any(s.status != 200 for s in warm):
                 raise RuntimeError(f"warm-up failed under {policy}: {warm}")
             before = replica_counters(fleet)
+            routed_before = routed_counts(fleet.base_url, policy)
             samples, start = asyncio.run(replay(fleet.base_url, keys[policy], systems, trace,
                                                 args.max_tokens))
             time.sleep(args.signals_settle_s)
             after = replica_counters(fleet)
             results[policy] = summarize(samples, start, before, after, ideal_rate)
-            results[policy]["routed_per_replica"] = routed_counts(fleet.base_url, policy)
+            results[policy]["routed_per_replica"] = {
+                rid: n - routed_before.get(rid, 0)
+                for rid, n in routed_counts(fleet.base_url, policy).items()}
             print(f"{policy:26s} " + json.dumps({k: results[policy][k] for k in (
                 "ok", "ttft_p50_ms", "ttft_p90_ms", "ttft_p99_ms", "output_tokens_per_s",
                 "hit_rate", "wall_s")}), flush=True)
