@@ -329,9 +329,9 @@ def main() -> None:
     parser.add_argument("--load", type=float, default=0.8, help="share of calibrated capacity")
     parser.add_argument("--rate", type=float, default=0.0, help="requests/s (0: from --load)")
     parser.add_argument("--seed", type=int, default=1234)
-    # ~200 blocks of 16 tokens (float32 KV of SmolLM2: 46 KB per token): about 5 of the 12
-    # system prompts fit in one replica; a third of them (perfect placement) fit easily.
-    parser.add_argument("--kv-cache-bytes", type=int, default=150_000_000)
+    # ~200 blocks of 16 tokens here (replica_kv_total_blocks; 150 MB gave 406): about 5 of the
+    # 12 system prompts fit in one replica; a third of them (perfect placement) fit easily.
+    parser.add_argument("--kv-cache-bytes", type=int, default=75_000_000)
     parser.add_argument("--slots", type=int, default=64, help="admission slots per replica")
     parser.add_argument("--signals-settle-s", type=float, default=0.5)
     args = parser.parse_args()
