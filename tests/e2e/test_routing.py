@@ -15,6 +15,8 @@ import json
 import os
 import re
 import signal
+import subprocess
+import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -22,7 +24,6 @@ from dataclasses import dataclass
 import httpx
 import pytest
 
-from models_registry.health import check_replicas
 from models_registry.models import Model, Replica
 from models_registry.services import ensure_model_version, register_replica
 from replica.backend.model_parameters import ModelParameters
@@ -30,7 +31,7 @@ from replica.replica_process import ReplicaProcess, ReplicaSpec
 from inference.replica_signals import parse_metrics
 from tenants.services import create_api_key, create_tenant
 from tests.e2e.conftest import LOG_DIR, SMOLLM2_WEIGHTS, _database_url
-from tests.support.processes import free_port, http_ok, start, wait_until
+from tests.support.processes import REPO, free_port, http_ok, start, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -70,16 +71,20 @@ def replicas():
                 proc.stop(grace_s=1.0)
 
 
+def platform_env() -> dict[str, str]:
+    from django.conf import settings
+
+    return {"DJANGO_SETTINGS_MODULE": "llm_platform.settings", "DATABASE_URL": _database_url(),
+            "REDIS_URL": settings.REDIS_URL, "REDIS_KEY_PREFIX": settings.REDIS_KEY_PREFIX,
+            "API_KEY_CACHE_SECONDS": "1", "REGISTRY_CACHE_TTL_SECONDS": "0", "DEBUG": "false",
+            "ROUTER_CIRCUIT_COOLDOWN_SECONDS": "2", "ROUTER_CIRCUIT_FAILURES": "2"}
+
+
 @pytest.fixture(scope="module")
 def router_server(django_db_setup, django_db_blocker):
     """daphne with a short circuit cool-down, so a replica that comes back is probed soon."""
     port = free_port()
-    from django.conf import settings
-
-    env = {"DJANGO_SETTINGS_MODULE": "llm_platform.settings", "DATABASE_URL": _database_url(),
-           "REDIS_URL": settings.REDIS_URL, "REDIS_KEY_PREFIX": settings.REDIS_KEY_PREFIX,
-           "API_KEY_CACHE_SECONDS": "1", "REGISTRY_CACHE_TTL_SECONDS": "0", "DEBUG": "false",
-           "ROUTER_CIRCUIT_COOLDOWN_SECONDS": "2", "ROUTER_CIRCUIT_FAILURES": "2"}
+    env = platform_env()
     proc = start("daphne-routing", ["-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
                                     "llm_platform.asgi:application"], env, LOG_DIR)
     url = f"http://127.0.0.1:{port}"
@@ -192,18 +197,14 @@ async def _burst_and_kill(base_url: str, key: str, replicas: list[ReplicaProcess
 
 
 def health_check() -> dict[int, str]:
-    """The replica health check (Celery beat runs it in production), then close the
-    connection it opened in asgiref's worker thread so the test database can be dropped."""
-    from asgiref.sync import sync_to_async
-    from django.db import connections
-
-    async def run():
-        try:
-            return await check_replicas(timeout_s=5.0)
-        finally:
-            await sync_to_async(connections.close_all)()
-
-    return asyncio.run(run())
+    """The replica health check in its own process, as Celery beat runs it in production
+    (gRPC's asyncio client is bound to the first event loop of a process)."""
+    script = ("import django, json; django.setup(); "
+              "from models_registry.tasks import check_replica_health; "
+              "print(json.dumps(check_replica_health()))")
+    out = subprocess.run([sys.executable, "-c", script], cwd=REPO, env={**os.environ,
+                         **platform_env()}, check=True, capture_output=True, text=True).stdout
+    return {int(k): v for k, v in json.loads(out.strip().splitlines()[-1]).items()}
 
 
 def test_killed_replica_loses_no_unstarted_request_and_comes_back(setup, replicas):
@@ -220,7 +221,9 @@ def test_killed_replica_loses_no_unstarted_request_and_comes_back(setup, replica
     for i in range(3):  # new requests keep succeeding on the survivors
         chat(base_url, key, f"After the crash {i}")
     # The health check (Celery beat in production) marks it failed...
-    assert health_check()[victim_row.pk] == Replica.State.FAILED
+    states = health_check()
+    assert states == {r.pk: Replica.State.FAILED if r.pk == victim_row.pk else Replica.State.READY
+                      for r in rows}
     victim.stop(grace_s=0.5)  # reap the killed process group, remove its shm regions
     # ...and ready again once it is back on the same ports.
     revived = ReplicaProcess(victim.spec)
