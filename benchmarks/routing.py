@@ -17,7 +17,7 @@ Before each policy's trace, each of its tenants sends one request, all at once (
 policy places itself, not measured), so the trace measures the steady state rather than twelve
 cold starts. Capacity: (cores the replicas can use) / (one warm-cache request's time alone).
 
-On a 2-core machine this is a scaled-down trace (the defaults: 60 requests, 8 output tokens):
+On a 2-core machine this is a scaled-down trace (the defaults: 120 requests, 8 output tokens):
 three replicas and the front end share two cores, so capacity is a few requests per second.
 """
 from __future__ import annotations
@@ -324,7 +324,7 @@ def main() -> None:
     parser.add_argument("--replicas", type=int, default=3)
     parser.add_argument("--tenants", type=int, default=12)
     parser.add_argument("--system-tokens", type=int, default=600)
-    parser.add_argument("--requests", type=int, default=60)
+    parser.add_argument("--requests", type=int, default=120)
     parser.add_argument("--max-tokens", type=int, default=8)
     parser.add_argument("--load", type=float, default=0.8, help="share of calibrated capacity")
     parser.add_argument("--rate", type=float, default=0.0, help="requests/s (0: from --load)")
