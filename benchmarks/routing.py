@@ -246,7 +246,11 @@ def run(args) -> dict:
     os.environ.update({"ADMISSION_SLOTS_PER_REPLICA": str(args.slots),
                        "REGISTRY_CACHE_TTL_SECONDS": "1",
                        # round robin's queue grows long: its requests wait, they do not fail
-                       "TRITON_FIRST_TOKEN_TIMEOUT_SECONDS": "900"})
+                       "TRITON_FIRST_TOKEN_TIMEOUT_SECONDS": "900",
+                       # A streaming request keeps its PostgreSQL connection until it ends
+                       # (Django closes it at request end); with the default pool of 8, round
+                       # robin's backlog got 503s from the pool, not from routing.
+                       "DB_POOL_MAX_SIZE": str(args.db_pool)})
     tokenizer = load_weights_tokenizer(SMOLLM2)
     replica_args = ("--kv-cache-bytes", str(args.kv_cache_bytes), "--num-threads", "1")
     fleet = start_fleet("smollm2", database="llm_platform_bench_routing",
@@ -312,7 +316,8 @@ def run(args) -> dict:
                      "warm_request_s": round(service_s, 3),
                      "capacity_per_s": round(capacity, 3), "seed": args.seed,
                      "kv_cache_bytes": args.kv_cache_bytes, "replicas": args.replicas,
-                     "slots_per_replica": args.slots, "cpu_count": os.cpu_count()},
+                     "slots_per_replica": args.slots, "db_pool_max_size": args.db_pool,
+                     "cpu_count": os.cpu_count()},
         "policies": results,
     }
 
@@ -333,6 +338,8 @@ def main() -> None:
     # 12 system prompts fit in one replica; a third of them (perfect placement) fit easily.
     parser.add_argument("--kv-cache-bytes", type=int, default=75_000_000)
     parser.add_argument("--slots", type=int, default=64, help="admission slots per replica")
+    parser.add_argument("--db-pool", type=int, default=64,
+                        help="PostgreSQL connections of the front end (DB_POOL_MAX_SIZE)")
     parser.add_argument("--signals-settle-s", type=float, default=0.5)
     args = parser.parse_args()
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "llm_platform.settings")
