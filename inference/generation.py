@@ -103,8 +103,9 @@ def replica_request(prepared: Prepared) -> ReplicaRequest:
 
 
 async def _admit(container: Container, prepared: Prepared) -> Slot | None:
-    """A slot of the model version's admission queue; None when no replica is ready (the
-    router then answers 503). Raises 503 when the queue is full or the tier's wait bound passes."""
+    """A slot of the model version in its model's admission queue (one per model, shared by
+    its versions); None when no replica is ready (the router then answers 503). Raises 503 when
+    the queue is full or the tier's wait bound passes."""
     num_ready = await container.router.num_ready(prepared.target.model_version_id)
     if num_ready == 0:
         return None
@@ -114,7 +115,7 @@ async def _admit(container: Container, prepared: Prepared) -> Slot | None:
                     max_wait_s=limits.max_queue_wait_ms / 1000.0)
     try:
         return await container.admission.admit(
-            prepared.target.model_version_id, waiter,
+            prepared.target.model_name, prepared.target.model_version_id, waiter,
             capacity=num_ready * settings.ADMISSION_SLOTS_PER_REPLICA,
             headroom=num_ready * settings.ADMISSION_HEADROOM_SLOTS_PER_REPLICA)
     except QueueFull:
