@@ -22,6 +22,7 @@ from billing.models import UsageRecord
 from billing.services import UsageEvent, record_usage
 from inference.admission import QueueFull, QueueTimeout, Slot, Waiter
 from inference.container import Container
+from inference.db_connection import release_db_connection
 from inference.errors import InvalidRequest, ReplicaFailed, ServiceUnavailable
 from inference.pipeline import Prepared
 from inference.quota import settle
@@ -104,8 +105,9 @@ def replica_request(prepared: Prepared) -> ReplicaRequest:
 
 
 async def _admit(container: Container, prepared: Prepared) -> Slot | None:
-    """A slot of the model version's admission queue; None when no replica is ready (the
-    router then answers 503). Raises 503 when the queue is full or the tier's wait bound passes."""
+    """A slot of the model version in its model's admission queue (one per model, shared by
+    its versions); None when no replica is ready (the router then answers 503). Raises 503 when
+    the queue is full or the tier's wait bound passes."""
     num_ready = await container.router.num_ready(prepared.target.model_version_id)
     if num_ready == 0:
         return None
@@ -113,9 +115,10 @@ async def _admit(container: Container, prepared: Prepared) -> Slot | None:
     waiter = Waiter(tenant=str(limits.tenant_id), priority=limits.priority,
                     cost_tokens=prepared.charge.estimated_tokens,
                     max_wait_s=limits.max_queue_wait_ms / 1000.0)
+    await release_db_connection()  # not held while waiting (prepare and num_ready read it)
     try:
         return await container.admission.admit(
-            prepared.target.model_version_id, waiter,
+            prepared.target.model_name, prepared.target.model_version_id, waiter,
             capacity=num_ready * settings.ADMISSION_SLOTS_PER_REPLICA,
             headroom=num_ready * settings.ADMISSION_HEADROOM_SLOTS_PER_REPLICA)
     except QueueFull:
@@ -160,6 +163,7 @@ async def generate(container: Container, prepared: Prepared) -> AsyncIterator[De
                     headers={"Retry-After": str(settings.NO_REPLICA_RETRY_AFTER_SECONDS)},
                 ) from None
             tried.add(lease.replica.replica_id)
+            await release_db_connection()  # not held while streaming
             progress.replica_id = lease.replica.replica_id
             try:
                 async with aclosing(

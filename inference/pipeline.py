@@ -20,7 +20,7 @@ from inference.errors import (
     Unauthorized,
 )
 from inference.idempotency import Claim, Replay, fingerprint, validate_key
-from inference.quota import Charge, admit
+from inference.quota import Charge, admit, current_headers
 from inference.schemas import GenerationRequest, parse_request
 from models_registry.selectors import ServingVersion
 from tenants.auth import AuthenticationFailed, Principal, authenticate, bearer_token
@@ -44,11 +44,16 @@ class Prepared:
     claim: Claim | None  # None: no Idempotency-Key
     charge: Charge  # what the tenant's buckets were charged (corrected when the request ends)
 
+    @property
+    def quota_headers(self) -> dict[str, str]:
+        return self.charge.headers
+
 
 @dataclass(frozen=True)
 class Replayed:
     request: GenerationRequest
     result: dict
+    quota_headers: dict[str, str]  # the buckets as they are: a replay charges nothing
 
 
 async def authenticate_header(container: Container, authorization: str | None) -> Principal:
@@ -114,6 +119,18 @@ def _max_tokens(request: GenerationRequest, num_prompt_tokens: int, context_leng
     return asked
 
 
+async def quota_headers_for(container: Container, authorization: str | None) -> dict[str, str]:
+    """The x-ratelimit-* headers for a refusal raised before the bucket check: the tenant's
+    buckets as they are, nothing charged. Empty when the key does not authenticate (or Redis
+    fails: the refusal itself must still go out)."""
+    try:
+        principal = await authenticate_header(container, authorization)
+        limits = await container.limits.get(principal.tenant_id)
+        return await current_headers(container.buckets, limits)
+    except Exception:  # noqa: BLE001 - headers are best effort on an error reply
+        return {}
+
+
 async def prepare(container: Container, endpoint: str, authorization: str | None,
                   body: object, idempotency_key: str | None) -> Prepared | Replayed:
     """Raises ApiError subclasses for every refusal (401, 400, 404, 409, 422, 429)."""
@@ -130,7 +147,9 @@ async def prepare(container: Container, endpoint: str, authorization: str | None
         outcome = await container.idempotency.begin(
             principal.tenant_id, validate_key(idempotency_key), fingerprint(endpoint, body))
         if isinstance(outcome, Replay):
-            return Replayed(request=request, result=outcome.result)
+            limits = await container.limits.get(principal.tenant_id)
+            return Replayed(request=request, result=outcome.result,
+                            quota_headers=await current_headers(container.buckets, limits))
         claim = outcome
     try:
         limits = await container.limits.get(principal.tenant_id)

@@ -166,7 +166,7 @@ QUOTA_LIMITS_CACHE_SECONDS = env_float("QUOTA_LIMITS_CACHE_SECONDS", 2.0)
 # django-ratelimit on the API: requests per API key (a coarse abuse guard in front of the
 # per-tenant token buckets, which carry the real limits).
 API_KEY_RATELIMIT = env_str("API_KEY_RATELIMIT", "6000/m")
-# The admission queue (per model version, shared in Redis): slots per ready replica (how many
+# The admission queue (per model, its versions share it; in Redis): slots per ready replica (how many
 # requests run at once on one replica before others wait), the most requests waiting, the
 # waiting order (fair_share: tier, then least-served tenant; fifo: tier, then arrival).
 ADMISSION_SLOTS_PER_REPLICA = env_int("ADMISSION_SLOTS_PER_REPLICA", 16)
