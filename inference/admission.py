@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from dataclasses import dataclass
-from typing import Callable
+from typing import Awaitable, Callable
 
 # Wait-time histogram bounds (ms); the last bucket is +Inf.
 WAIT_BUCKETS_MS = (10, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000)
@@ -159,6 +159,13 @@ return 1
 """
 
 
+def queue_keys(key_prefix: str, model_version_id: int) -> list[str]:
+    """waiting (hash), running (sorted set), virtual time (hash), stats (hash: `seq` counts
+    every request that entered, `rejected_full` those refused at the door)."""
+    base = f"{key_prefix}admission:{model_version_id}"
+    return [f"{base}:waiting", f"{base}:running", f"{base}:vtime", f"{base}:stats"]
+
+
 class QueueFull(Exception):
     pass
 
@@ -230,8 +237,7 @@ class AdmissionQueue:
         self._leave = redis.register_script(common + _LEAVE)
 
     def keys(self, model_version_id: int) -> list[str]:
-        base = f"{self._prefix}admission:{model_version_id}"
-        return [f"{base}:waiting", f"{base}:running", f"{base}:vtime", f"{base}:stats"]
+        return queue_keys(self._prefix, model_version_id)
 
     def models_key(self) -> str:
         return f"{self._prefix}admission:models"
@@ -240,10 +246,12 @@ class AdmissionQueue:
         return int(self._clock() * 1000)
 
     async def admit(self, model_version_id: int, waiter: Waiter, capacity: int,
-                    headroom: int = 0) -> Slot:
+                    headroom: int = 0,
+                    refresh: Callable[[], Awaitable[tuple[int, int]]] | None = None) -> Slot:
         """A slot, at once or after waiting; QueueFull / QueueTimeout otherwise. Cancelling
         the caller while it waits leaves the queue. `headroom`: slots beyond `capacity` only
-        for tenants with nothing running."""
+        for tenants with nothing running. `refresh`: re-reads (capacity, headroom) before each
+        poll, for a version whose capacity is growing (its first replica is loading)."""
         ticket = f"{waiter.tenant}:{uuid.uuid4().hex}"  # the pump reads the tenant from it
         keys = self.keys(model_version_id)
         started = self._clock()
@@ -259,6 +267,8 @@ class AdmissionQueue:
                     await self.leave(model_version_id, ticket, capacity, headroom, "timeout")
                     raise QueueTimeout()
                 await self._sleep(self._poll_s)
+                if refresh is not None:
+                    capacity, headroom = await refresh()
                 state = int(await self._poll(keys=keys, args=[
                     self._now_ms(), ticket, capacity, self._heartbeat_ms, self._slot_ttl_ms,
                     headroom]))
