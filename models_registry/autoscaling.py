@@ -55,6 +55,8 @@ def autoscale_version(policy_id: int, now: datetime, ctx: FleetContext) -> Scali
         ScalingDecision.objects.filter(model_version_id=policy.model_version_id,
                                        action=ScalingDecision.Action.HOLD,
                                        at__lt=now - DECISION_RETENTION).delete()
+        RateSample.objects.filter(model_version_id=policy.model_version_id, at__lt=now - timedelta(
+            seconds=policy.forecast_period_s * (fleet_signals.FORECAST_PERIODS + 1))).delete()
     return row
 
 
