@@ -169,4 +169,6 @@ def test_killed_agent_is_replaced_in_the_other_zone_without_losing_requests(
         for agent in agents.values():
             agent.stop(timeout=40)  # drains its replicas
         _cleanup_servers()
+        for name in layout:  # the agents' Celery queues are not under this run's key prefix
+            control.redis.delete(f"node.{name}", f"_kombu.binding.node.{name}")
         control.redis.close()
