@@ -24,6 +24,7 @@ from models_registry.autoscaler import History, PolicyView, Signals, decide
 from models_registry.forecast import TimeOfDayProfile
 
 TTFT_WINDOW_S = 20.0  # the compressed day's equivalent of the task's one-minute window
+RATE_WINDOW_TICKS = 3  # the arrival rate is the mean over the last ticks (fleet_signals.recent_rate)
 
 
 @dataclass(frozen=True)
@@ -84,6 +85,7 @@ def simulate(*, rate: Callable[[float], float], day_s: float, model: ReplicaMode
     finished: deque[tuple[float, float]] = deque()  # (time, ttft) for the TTFT window
     history = History()
     arrivals_since_tick = 0
+    recent_arrivals: deque[int] = deque(maxlen=RATE_WINDOW_TICKS)
     last_arrival: float | None = None
 
     def add_replica(now: float, ready: bool) -> None:
@@ -164,14 +166,15 @@ def simulate(*, rate: Callable[[float], float], day_s: float, model: ReplicaMode
             ready = [r for r in replicas.values() if r.state == "ready"]
             loading = [r for r in replicas.values() if r.state == "loading"]
             ttft_p90 = percentile([f[1] for f in finished], 0.9)
+            recent_arrivals.append(arrivals_since_tick)
             forecast = None
             if policy.predictive and profile is not None:
                 forecast = profile.peak(now, now + model.load_s + 2 * tick_s)
             signals = Signals(
                 num_ready=len(ready), num_loading=len(loading), queue_depth=len(queue),
                 outstanding_tokens=sum(r.busy for r in ready) * model.tokens_per_request,
-                ttft_p90_s=ttft_p90, ttft_target_s=max_wait_s / 5,
-                request_rate_rps=arrivals_since_tick / tick_s,
+                ttft_p90_s=ttft_p90, ttft_target_s=max_wait_s / 5, ttft_window_s=TTFT_WINDOW_S,
+                request_rate_rps=sum(recent_arrivals) / (len(recent_arrivals) * tick_s),
                 idle_for_s=math.inf if last_arrival is None else now - last_arrival,
                 load_seconds=model.load_s, forecast_rps=forecast)
             decision = decide(policy, signals, now, history)

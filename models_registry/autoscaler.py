@@ -13,13 +13,19 @@ Recommendation = clamp(max(reactive, predictive) + warm pool, min, max), where
 - scale to zero: no load need and no arrival for `scale_to_zero_after_s` -> 0 (warm pool and
   min ignored); any queued request at zero -> at least one at once.
 Cool-downs (no flapping): scale up at most once per `scale_up_cooldown_s` (never delayed from
-zero); scale down only to the highest recommendation of the last `scale_down_cooldown_s`, and
-not within that long of the last scale up.
+zero); scale down only to the highest recommendation of the last `scale_down_cooldown_s`, not
+within that long of the last scale up, and not below what the arrival rate needs with 25 %
+headroom (hysteresis).
 """
 from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
+
+
+# Scale down only to a fleet whose capacity exceeds the arrival rate by this factor (hysteresis
+# against scaling up and down around one rate).
+SCALE_DOWN_HEADROOM = 1.25
 
 
 @dataclass(frozen=True)
@@ -49,6 +55,7 @@ class Signals:
     outstanding_tokens: int = 0
     ttft_p90_s: float | None = None
     ttft_target_s: float | None = None
+    ttft_window_s: float = 60.0  # what the p90 was measured over
     request_rate_rps: float = 0.0  # arrivals over the last tick
     idle_for_s: float = math.inf  # since the last arrival
     load_seconds: float = 60.0  # this version's measured start -> ready
@@ -81,7 +88,7 @@ class Decision:
         return self.desired - self.current
 
 
-def _needs(policy: PolicyView, s: Signals) -> dict[str, int]:
+def _needs(policy: PolicyView, s: Signals, now: float, history: History) -> dict[str, int]:
     needs = {}
     if s.request_rate_rps > 0:
         needs["rate"] = math.ceil(s.request_rate_rps / policy.replica_capacity_rps - 1e-9)
@@ -89,16 +96,20 @@ def _needs(policy: PolicyView, s: Signals) -> dict[str, int]:
         needs["outstanding_tokens"] = math.ceil(s.outstanding_tokens / policy.target_outstanding_tokens)
     if s.queue_depth > 0:
         needs["queue_depth"] = s.num_ready + math.ceil(s.queue_depth / policy.target_queue_depth)
+    # A p90 measured over a window that began before the last scale up still holds the
+    # requests that scale up was for: acting on it again would overshoot.
+    settled = history.last_scale_up_at is None or now - history.last_scale_up_at >= s.ttft_window_s
     if (s.ttft_p90_s is not None and s.ttft_target_s is not None and s.num_ready > 0
-            and s.ttft_p90_s > s.ttft_target_s):
+            and s.ttft_p90_s > s.ttft_target_s and settled):
         needs["ttft_p90"] = s.num_ready + 1
     if policy.predictive and s.forecast_rps:
         needs["forecast"] = math.ceil(s.forecast_rps / policy.replica_capacity_rps - 1e-9)
     return needs
 
 
-def recommend(policy: PolicyView, s: Signals) -> tuple[int, str, dict[str, int]]:
-    needs = _needs(policy, s)
+def recommend(policy: PolicyView, s: Signals, now: float = 0.0,
+              history: History = History()) -> tuple[int, str, dict[str, int]]:
+    needs = _needs(policy, s, now, history)
     load_need = max(needs.values(), default=0)
     if load_need == 0 and policy.scale_to_zero and s.idle_for_s >= policy.scale_to_zero_after_s:
         return 0, f"idle for {s.idle_for_s:.0f}s: scale to zero", needs
@@ -121,7 +132,7 @@ def recommend(policy: PolicyView, s: Signals) -> tuple[int, str, dict[str, int]]
 
 
 def decide(policy: PolicyView, s: Signals, now: float, history: History) -> Decision:
-    recommended, reason, needs = recommend(policy, s)
+    recommended, reason, needs = recommend(policy, s, now, history)
     current = s.current
     numbers = {**asdict(s), "needs": needs, "now": now}
     if numbers["idle_for_s"] == math.inf:
@@ -147,5 +158,14 @@ def decide(policy: PolicyView, s: Signals, now: float, history: History) -> Deci
             return Decision("hold", current, recommended, current,
                             f"{reason}; {stabilized} recommended within the last "
                             f"{policy.scale_down_cooldown_s:.0f}s", numbers)
-        return Decision("scale_down", current, recommended, stabilized, reason, numbers)
+        # Hysteresis: give replicas back only while the rest keep headroom over the rate.
+        with_headroom = math.ceil(s.request_rate_rps * SCALE_DOWN_HEADROOM
+                                  / policy.replica_capacity_rps - 1e-9)
+        target = max(stabilized, min(with_headroom, current))
+        numbers["with_headroom"] = with_headroom
+        if target >= current:
+            return Decision("hold", current, recommended, current,
+                            f"{reason}; {current} keep {SCALE_DOWN_HEADROOM - 1:.0%} headroom "
+                            f"over the arrival rate", numbers)
+        return Decision("scale_down", current, recommended, target, reason, numbers)
     return Decision("hold", current, recommended, current, reason, numbers)

@@ -19,6 +19,9 @@ from models_registry.models import RateSample, Replica, ScalingDecision, Scaling
 from tenants.models import Tier
 
 TTFT_WINDOW_S = 60.0
+# The arrival rate is the mean over this long (several ticks): one tick's Poisson noise at a low
+# rate would otherwise ask for a replica now and then.
+RATE_WINDOW_S = 30.0
 FORECAST_PERIODS = 7  # periods of samples the profile learns from
 
 
@@ -101,6 +104,13 @@ def history(policy: ScalingPolicy, now: datetime) -> History:
         recommendations=tuple((d.at.timestamp(), d.recommended_replicas) for d in window))
 
 
+def recent_rate(model_version_id: int, now: datetime) -> float:
+    rows = RateSample.objects.filter(model_version_id=model_version_id,
+                                     at__gt=now - timedelta(seconds=RATE_WINDOW_S), at__lte=now)
+    window = sum(r.window_s for r in rows)
+    return sum(r.num_requests for r in rows) / window if window > 0 else 0.0
+
+
 def signals(policy: ScalingPolicy, now: datetime, redis, prefix: str, tick_s: float,
             arrivals: tuple[int, float, float | None]) -> tuple[Signals, dict[int, int]]:
     mv = policy.model_version_id
@@ -108,7 +118,7 @@ def signals(policy: ScalingPolicy, now: datetime, redis, prefix: str, tick_s: fl
         Replica.State.READY, Replica.State.LOADING)).values_list("pk", "state"))
     ready_ids = [pk for pk, state in states if state == Replica.State.READY]
     outstanding = outstanding_tokens(redis, prefix, mv, ready_ids)
-    num_requests, elapsed, last_arrival = arrivals
+    _, _, last_arrival = arrivals
     p90, target = ttft_p90(mv, now)
     load_s = load_seconds(policy)
     t = now.timestamp()
@@ -119,7 +129,8 @@ def signals(policy: ScalingPolicy, now: datetime, redis, prefix: str, tick_s: fl
         outstanding_tokens=sum(outstanding.values()),
         ttft_p90_s=p90,
         ttft_target_s=target,
-        request_rate_rps=num_requests / elapsed if elapsed > 0 else 0.0,
+        ttft_window_s=TTFT_WINDOW_S,
+        request_rate_rps=recent_rate(mv, now),
         idle_for_s=math.inf if last_arrival is None else max(0.0, t - last_arrival),
         load_seconds=load_s,
         forecast_rps=forecast_peak(policy, now, load_s + 2 * tick_s) if policy.predictive else None,
