@@ -145,3 +145,17 @@ def test_profile_bins_and_peak():
     assert profile.rate_at(55.0) is None
     assert profile.peak(0.0, 30.0) == 5.0
     assert profile.peak(40.0, 60.0) == 0.0
+
+
+def test_ttft_need_waits_until_the_last_scale_up_settled():
+    slow = Signals(3, 0, ttft_p90_s=3.0, ttft_target_s=1.0, ttft_window_s=60.0)
+    just_scaled = decide(POLICY, slow, 100.0, History(last_scale_up_at=70.0))
+    assert "ttft_p90" not in just_scaled.numbers["needs"] and just_scaled.action != "scale_up"
+    settled = decide(POLICY, slow, 100.0, History(last_scale_up_at=30.0))
+    assert settled.numbers["needs"]["ttft_p90"] == 4 and settled.action == "scale_up"
+
+
+def test_scale_down_keeps_headroom_over_the_rate():
+    # 3.5 rps on replicas of 2 rps: 2 are needed, but 2 x 2 < 3.5 x 1.25, so 3 stay.
+    d = decide(POLICY, Signals(4, 0, request_rate_rps=3.5), 1000.0, History())
+    assert d.action == "scale_down" and d.desired == 3 and d.numbers["with_headroom"] == 3
