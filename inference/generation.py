@@ -35,6 +35,7 @@ from inference.replica_client import (
 )
 from inference.prefix_index import prompt_block_hashes
 from inference.router import NoReplicaReady, RouteRequest
+from models_registry.selectors import can_cold_start
 
 logger = logging.getLogger(__name__)
 
@@ -108,19 +109,33 @@ async def _admit(container: Container, prepared: Prepared) -> Slot | None:
     """A slot of the model version in its model's admission queue (one per model, shared by
     its versions); None when no replica is ready (the router then answers 503). Raises 503 when
     the queue is full or the tier's wait bound passes."""
-    num_ready = await container.router.num_ready(prepared.target.model_version_id)
-    if num_ready == 0:
+    model_version_id = prepared.target.model_version_id
+    num_ready = await container.router.num_ready(model_version_id)
+    # No replica ready, but one is loading or the version scales from zero: wait for it in the
+    # queue (the autoscaler sees the depth and starts one) rather than refuse.
+    cold = num_ready == 0 and await can_cold_start(model_version_id)
+    if num_ready == 0 and not cold:
         return None
     limits = prepared.charge.limits
+    max_wait_s = limits.max_queue_wait_ms / 1000.0
+    if cold:
+        max_wait_s = max(max_wait_s, settings.COLD_START_MAX_WAIT_SECONDS)
     waiter = Waiter(tenant=str(limits.tenant_id), priority=limits.priority,
-                    cost_tokens=prepared.charge.estimated_tokens,
-                    max_wait_s=limits.max_queue_wait_ms / 1000.0)
+                    cost_tokens=prepared.charge.estimated_tokens, max_wait_s=max_wait_s)
+
+    async def capacity() -> tuple[int, int]:
+        n = await container.router.num_ready(model_version_id)
+        await release_db_connection()
+        return (n * settings.ADMISSION_SLOTS_PER_REPLICA,
+                n * settings.ADMISSION_HEADROOM_SLOTS_PER_REPLICA)
+
     await release_db_connection()  # not held while waiting (prepare and num_ready read it)
     try:
         return await container.admission.admit(
-            prepared.target.model_name, prepared.target.model_version_id, waiter,
+            prepared.target.model_name, model_version_id, waiter,
             capacity=num_ready * settings.ADMISSION_SLOTS_PER_REPLICA,
-            headroom=num_ready * settings.ADMISSION_HEADROOM_SLOTS_PER_REPLICA)
+            headroom=num_ready * settings.ADMISSION_HEADROOM_SLOTS_PER_REPLICA,
+            refresh=capacity if cold else None)
     except QueueFull:
         raise ServiceUnavailable(
             f"'{prepared.target.model_name}' is at capacity and its queue is full; retry later.",

@@ -107,6 +107,25 @@ CELERY_BEAT_SCHEDULE = {
 }
 CELERY_TIMEZONE = "UTC"
 
+# --- Fleet control: node agents, lifecycle, autoscaler ------------------------------------------
+# A node agent heartbeats every NODE_HEARTBEAT_SECONDS (its own env); a node silent this long is
+# presumed lost: its replicas fail and are replaced elsewhere.
+NODE_LOST_AFTER_SECONDS = env_float("NODE_LOST_AFTER_SECONDS", 15.0)
+AUTOSCALER_INTERVAL_SECONDS = env_float("AUTOSCALER_INTERVAL_SECONDS", 5.0)
+# With no replica ready but one loading (or scale to zero on), a request waits this long for
+# the first replica instead of a 503.
+COLD_START_MAX_WAIT_SECONDS = env_float("COLD_START_MAX_WAIT_SECONDS", 180.0)
+CELERY_BEAT_SCHEDULE.update({
+    "autoscale": {
+        "task": "models_registry.tasks.autoscale",
+        "schedule": AUTOSCALER_INTERVAL_SECONDS,
+    },
+    "detect-lost-nodes": {
+        "task": "models_registry.tasks.detect_lost_nodes_task",
+        "schedule": env_float("LOST_NODE_CHECK_INTERVAL_SECONDS", 5.0),
+    },
+})
+
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
 USE_I18N = True
