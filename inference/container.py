@@ -17,11 +17,13 @@ from django.apps import apps
 from django.conf import settings
 
 from inference.admission import ADMISSION_POLICIES, AdmissionQueue
+from inference.canary import RolloutCatalog
 from inference.idempotency import IdempotencyStore
 from inference.replica_client import ReplicaClient
 from inference.router import OutstandingTokens, ReplicaDirectory, Router, ServingCatalog
 from inference.tokenization import TokenizerCache
 from inference.triton_client import TritonReplicaClient
+from models_registry.rollouts.fallbacks import FallbackRecorder
 from tenants.buckets import TokenBuckets
 from tenants.selectors import LimitsCache
 
@@ -39,6 +41,8 @@ class Container:
     limits: LimitsCache
     buckets: TokenBuckets
     admission: AdmissionQueue
+    rollouts: RolloutCatalog  # canary rollouts: which version serves a request
+    fallbacks: FallbackRecorder  # canary requests that stable served instead
 
     async def close(self) -> None:
         await self.replica_client.close()
@@ -74,6 +78,9 @@ def build_container(tokenizers: TokenizerCache) -> Container:
         admission=AdmissionQueue(redis, prefix, time.time,
                                  ADMISSION_POLICIES[settings.ADMISSION_POLICY](),
                                  max_queue=settings.ADMISSION_MAX_QUEUE),
+        rollouts=RolloutCatalog(clock, settings.REGISTRY_CACHE_TTL_SECONDS),
+        # Wall-clock minutes: the evaluator reads them in another process.
+        fallbacks=FallbackRecorder(redis, prefix, time.time),
     )
 
 

@@ -98,3 +98,7 @@ class Replica(models.Model):
 
     def __str__(self) -> str:
         return f"{self.model_version} @ {self.grpc_address} ({self.state})"
+
+
+# Canary rollouts live in their own module; imported here so Django registers them.
+from models_registry.rollout_models import Rollout, RolloutStep  # noqa: E402,F401

@@ -31,6 +31,7 @@ async def _serve(request, endpoint: str):
         request.headers.get("Authorization"),
         decode_body(request.body),
         request.headers.get("Idempotency-Key"),
+        request.headers.get("X-Conversation-Id"),
     )
     # The x-ratelimit-* headers of the admission go on every reply, refusals included.
     quota_headers = outcome.charge.headers if isinstance(outcome, Prepared) else {}
