@@ -33,3 +33,5 @@ class ReplicaAdmin(admin.ModelAdmin):
                     "last_heartbeat")
     list_filter = ("state", "model_version__model")
     list_editable = ("state",)
+
+from models_registry import rollout_admin  # noqa: E402,F401 - registers the rollout admin

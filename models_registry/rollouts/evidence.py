@@ -20,14 +20,14 @@ SELECT model_version_id,
        percentile_cont(0.9) WITHIN GROUP (ORDER BY (total_ms - ttft_ms) / (output_tokens - 1))
            FILTER (WHERE status = 'ok' AND ttft_ms IS NOT NULL AND output_tokens > 1)
 FROM {table}
-WHERE model_version_id IN (%s, %s) AND occurred_at >= %s AND occurred_at < %s
+WHERE model_version_id IN (%s, %s) AND occurred_at >= %s AND occurred_at <= %s
 GROUP BY model_version_id
 """
 
 
 def version_stats(stable_version_id: int, canary_version_id: int, since: datetime,
                   until: datetime) -> dict[int, VersionStats]:
-    """Stats of both versions over [since, until) by usage time (`occurred_at`)."""
+    """Stats of both versions over [since, until] by usage time (`occurred_at`)."""
     stats = {stable_version_id: VersionStats(), canary_version_id: VersionStats()}
     with connection.cursor() as cursor:
         cursor.execute(_STATS_SQL.format(table=UsageRecord._meta.db_table),

@@ -176,10 +176,12 @@ def promote_rollout(rollout: Rollout, *, actor: str = "", reason: str = "",
 
 def rollback_rollout(rollout: Rollout, *, actor: str = "", reason: str = "",
                      evidence: dict | None = None, now: datetime | None = None) -> Rollout:
-    """Send everything back to stable and retire the canary."""
+    """Send everything back to stable and retire the canary. The evaluator acts only on a
+    running rollout; a person may also roll back a paused one."""
     now = _now(now)
+    states = (Rollout.State.RUNNING,) if actor == EVALUATOR else Rollout.LIVE_STATES
     with transaction.atomic():
-        locked = _locked(rollout.pk, Rollout.LIVE_STATES, "roll back")
+        locked = _locked(rollout.pk, states, "roll back")
         previous = locked.traffic_percent
         ModelVersion.objects.filter(pk=locked.canary_version_id).update(
             state=ModelVersion.State.RETIRED)
