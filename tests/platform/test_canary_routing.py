@@ -170,3 +170,18 @@ async def test_promotion_sends_everything_to_the_canary(client, auth, ready_repl
         body = {**BODY, "messages": [{"role": "user", "content": f"q{i}"}]}
         assert (await post(client, body, auth)).status_code == 200
     assert canary_fake.state.num_requests == 5 and fake_replica.state.num_requests == 0
+
+
+async def test_dead_canary_replica_falls_back_to_stable(client, auth, tenant, ready_replica,
+                                                        fake_replica, model_version,
+                                                        canary_version):
+    from tests.support.processes import free_port
+
+    # Registered ready, but nothing listens there (its server died since the last health check).
+    await sync_to_async(register_replica)(canary_version, f"127.0.0.1:{free_port()}")
+    rollout = await sync_to_async(rollouts.start_rollout)(canary_version, steps=[50, 100])
+    for conv in conversations(rollout.pk, tenant.pk, 50, True, 2):
+        response = await post(client, BODY, {**auth, "X-Conversation-Id": conv})
+        assert response.status_code == 200, response.content
+    assert fallback_counts(rollout.pk) == {FAILED: 2, UNAVAILABLE: 0}
+    assert await usage_by_version() == {model_version.pk: ["ok"] * 2}
