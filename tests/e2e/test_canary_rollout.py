@@ -2,7 +2,7 @@
 SmolLM2 (stable), the same weights as a new version (a good canary) and a copy whose final norm
 is negated (a broken canary that answers garbage). The customer API runs in-process (Django's
 ASGI handler) with the real PostgreSQL, Redis and billing stream; the evaluator is the beat
-task's own class with the real quality probe over gRPC.
+task itself (`evaluate_rollouts`, run in-process) with the real quality probe over gRPC.
 
 Run under the heavy-work lock: flock /tmp/llm-heavy.lock .venv/bin/python -m pytest ...
 """
@@ -13,23 +13,18 @@ import json
 
 import pytest
 import pytest_asyncio
-import redis
 from asgiref.sync import sync_to_async
-from django.conf import settings
 from django.db import connections
 from django.test import AsyncClient
-from django.utils import timezone
 
 from billing.models import UsageRecord
 from billing.stream import close_loop_recorder
-from inference.tokenization import TokenizerCache
 from models_registry.models import ModelVersion
 from models_registry.rollout_models import Rollout
 from models_registry.rollouts import services as rollouts
-from models_registry.rollouts.evaluator import RolloutEvaluator
-from models_registry.rollouts.replica_probe import ReplicaProbe
 from models_registry.rollouts.split import to_canary
 from models_registry.services import ensure_model_version, register_replica
+from models_registry.tasks import evaluate_rollouts
 from replica.backend.model_parameters import ModelParameters
 from replica.engine.models.loader import default_model_path
 from replica.replica_process import ReplicaProcess, ReplicaSpec
@@ -93,17 +88,10 @@ def fleet(transactional_db, replicas):
             "stable": stable}
 
 
-@pytest.fixture
-def sync_redis():
-    client = redis.Redis.from_url(settings.REDIS_URL)
-    yield client
-    client.close()
-
-
-def evaluator(sync_redis) -> RolloutEvaluator:
-    return RolloutEvaluator(clock=timezone.now, redis=sync_redis,
-                            key_prefix=settings.REDIS_KEY_PREFIX,
-                            probe=ReplicaProbe(TokenizerCache(), timeout_s=120))
+async def evaluate(rollout: Rollout) -> str:
+    """One run of the Celery beat task's body (the real probe over gRPC, wall clock)."""
+    outcomes = await sync_to_async(lambda: evaluate_rollouts.apply().get())()
+    return outcomes[rollout.pk]
 
 
 def conversation_ids(rollout: Rollout, tenant_id: int, canary: bool, n: int, tag: str) -> list[str]:
@@ -156,17 +144,16 @@ async def fresh(rollout: Rollout) -> Rollout:
     return await Rollout.objects.aget(pk=rollout.pk)
 
 
-async def test_healthy_canary_is_promoted_in_steps(fleet, replicas, sync_redis):
+async def test_healthy_canary_is_promoted_in_steps(fleet, replicas):
     canary = await sync_to_async(ensure_model_version)("chat-small", 2, SMOLLM2, state="staging")
     await sync_to_async(register_replica)(canary, replicas["good"])
     rollout = await sync_to_async(rollouts.start_rollout)(canary, steps=[20, 50, 100], **THRESHOLDS)
-    loop = evaluator(sync_redis)
 
     actions = []
     for step in range(2):
         rollout = await fresh(rollout)
         await traffic(fleet, rollout, 3, f"healthy{step}", stream=step == 1)
-        actions.append(await sync_to_async(loop.evaluate)(rollout))
+        actions.append(await evaluate(rollout))
     assert actions == ["advance", "promote"], (await fresh(rollout)).last_evidence
 
     rollout = await fresh(rollout)
@@ -193,14 +180,14 @@ async def test_healthy_canary_is_promoted_in_steps(fleet, replicas, sync_redis):
     assert after[fleet["stable"].pk] == before[fleet["stable"].pk]
 
 
-async def test_garbage_canary_is_rolled_back_and_stable_keeps_serving(fleet, replicas, sync_redis):
+async def test_garbage_canary_is_rolled_back_and_stable_keeps_serving(fleet, replicas):
     canary = await sync_to_async(ensure_model_version)(
         "chat-small", 3, replicas["broken_weights"], state="staging")
     await sync_to_async(register_replica)(canary, replicas["broken"])
     rollout = await sync_to_async(rollouts.start_rollout)(canary, steps=[50, 100], **THRESHOLDS)
 
     await traffic(fleet, rollout, 3, "garbage")  # every request answers 200, garbage or not
-    assert await sync_to_async(evaluator(sync_redis).evaluate)(rollout) == "rollback"
+    assert await evaluate(rollout) == "rollback"
 
     rollout = await fresh(rollout)
     assert (rollout.state, rollout.traffic_percent) == ("rolled_back", 0.0)
@@ -221,7 +208,7 @@ async def test_garbage_canary_is_rolled_back_and_stable_keeps_serving(fleet, rep
     assert after[canary.pk] == before[canary.pk] == {"ok": 3}
 
 
-async def test_erroring_canary_falls_back_then_is_rolled_back(fleet, replicas, sync_redis):
+async def test_erroring_canary_falls_back_then_is_rolled_back(fleet, replicas):
     # A canary whose replica is registered ready but does not answer (its server died).
     canary = await sync_to_async(ensure_model_version)("chat-small", 4, SMOLLM2, state="staging")
     await sync_to_async(register_replica)(canary, f"127.0.0.1:{free_port()}")
@@ -232,7 +219,7 @@ async def test_erroring_canary_falls_back_then_is_rolled_back(fleet, replicas, s
     usage = await usage_versions()
     assert usage == {fleet["stable"].pk: {"ok": 8}}  # all served (and billed) by stable
 
-    assert await sync_to_async(evaluator(sync_redis).evaluate)(rollout) == "rollback"
+    assert await evaluate(rollout) == "rollback"
     step = await (await fresh(rollout)).history.aget(kind="rollback")
     assert "error rate 1.000" in step.reason
     assert step.evidence["canary"]["num_fallbacks_failed"] == 4
