@@ -23,7 +23,7 @@ from inference.errors import (
 from inference.idempotency import Claim, Replay, fingerprint, validate_key
 from inference.quota import Charge, admit
 from inference.schemas import GenerationRequest, parse_request
-from models_registry.rollouts.fallbacks import UNAVAILABLE
+from models_registry.rollouts.fallbacks import FAILED, UNAVAILABLE
 from models_registry.selectors import ServingVersion
 from tenants.auth import AuthenticationFailed, Principal, authenticate, bearer_token
 
@@ -175,7 +175,15 @@ async def prepare(container: Container, endpoint: str, authorization: str | None
                        "to it.", param="model")
     target, fallback, rollout_id = await _choose_version(
         container, stable, principal, request, conversation_id, idempotency_key)
-    prompt_text, prompt_ids = await _tokenize(container, target, request)
+    try:
+        prompt_text, prompt_ids = await _tokenize(container, target, request)
+    except ServiceUnavailable:
+        if fallback is None:
+            raise
+        # The canary's tokenizer cannot load: a broken canary, not the customer's problem.
+        await record_fallback(container, rollout_id, FAILED)
+        target, fallback, rollout_id = fallback, None, None
+        prompt_text, prompt_ids = await _tokenize(container, target, request)
     max_tokens = _max_tokens(request, len(prompt_ids), target.context_length)
     claim = None
     if idempotency_key is not None:

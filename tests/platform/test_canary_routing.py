@@ -185,3 +185,18 @@ async def test_dead_canary_replica_falls_back_to_stable(client, auth, tenant, re
         assert response.status_code == 200, response.content
     assert fallback_counts(rollout.pk) == {FAILED: 2, UNAVAILABLE: 0}
     assert await usage_by_version() == {model_version.pk: ["ok"] * 2}
+
+
+async def test_canary_whose_tokenizer_cannot_load_falls_back(client, auth, tenant, ready_replica,
+                                                             fake_replica, model_version,
+                                                             canary_fake):
+    # Real-weights tokenizer, but the weights file is missing.
+    canary = await sync_to_async(ensure_model_version)(
+        "chat-small", 2, "/nonexistent/weights.gguf", context_length=1024, state="staging")
+    await sync_to_async(register_replica)(canary, canary_fake.grpc_address)
+    rollout = await sync_to_async(rollouts.start_rollout)(canary, steps=[50, 100])
+    for conv in conversations(rollout.pk, tenant.pk, 50, True, 2):
+        response = await post(client, BODY, {**auth, "X-Conversation-Id": conv})
+        assert response.status_code == 200, response.content
+    assert canary_fake.state.num_requests == 0 and fake_replica.state.num_requests == 2
+    assert fallback_counts(rollout.pk) == {FAILED: 2, UNAVAILABLE: 0}
