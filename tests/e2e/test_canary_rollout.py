@@ -140,6 +140,17 @@ async def usage_versions() -> dict[int, dict[str, int]]:
     return counts
 
 
+def print_evidence(name: str, step) -> None:
+    """One line per step for the README's numbers (shown with pytest -s)."""
+    e, probe = step.evidence, step.evidence.get("probe") or {}
+    print(f"\n[{name}] {step.kind} {step.from_percent:g}->{step.to_percent:g}%: "
+          f"agreement {probe.get('agreement')} exact {probe.get('exact_match')}; "
+          f"canary n={e['canary']['num_requests']} err={e['canary']['error_rate']} "
+          f"ttft_p90={e['canary']['ttft_p90_ms']} tpot_p90={e['canary']['tpot_p90_ms']}; "
+          f"stable n={e['stable']['num_requests']} ttft_p90={e['stable']['ttft_p90_ms']} "
+          f"tpot_p90={e['stable']['tpot_p90_ms']}; sample {probe.get('samples', [{}])[:1]}")
+
+
 async def fresh(rollout: Rollout) -> Rollout:
     return await Rollout.objects.aget(pk=rollout.pk)
 
@@ -162,6 +173,7 @@ async def test_healthy_canary_is_promoted_in_steps(fleet, replicas):
     assert [(s.kind, s.from_percent, s.to_percent) for s in steps] == [
         ("start", 0, 20), ("advance", 20, 50), ("promote", 50, 100)]
     for s in steps[1:]:
+        print_evidence("healthy", s)
         assert s.automatic and s.evidence["probe"]["agreement"] >= 0.8, s.evidence
         assert s.evidence["canary"]["num_requests"] == 3
         assert s.evidence["stable"]["num_requests"] == 3
@@ -192,6 +204,7 @@ async def test_garbage_canary_is_rolled_back_and_stable_keeps_serving(fleet, rep
     rollout = await fresh(rollout)
     assert (rollout.state, rollout.traffic_percent) == ("rolled_back", 0.0)
     step = await rollout.history.aget(kind="rollback")
+    print_evidence("garbage", step)
     assert step.automatic and "quality probe agreement" in step.reason
     probe = step.evidence["probe"]
     assert probe["agreement"] < 0.8 and probe["num_prompts"] == 5
@@ -221,6 +234,7 @@ async def test_erroring_canary_falls_back_then_is_rolled_back(fleet, replicas):
 
     assert await evaluate(rollout) == "rollback"
     step = await (await fresh(rollout)).history.aget(kind="rollback")
+    print_evidence("erroring", step)
     assert "error rate 1.000" in step.reason
     assert step.evidence["canary"]["num_fallbacks_failed"] == 4
     assert step.evidence["stable"]["error_rate"] == 0.0
