@@ -232,3 +232,15 @@ CELERY_BEAT_SCHEDULE.update({
         "schedule": env_float("BILLING_INVOICE_INTERVAL_SECONDS", 3600.0),
     },
 })
+
+# --- Canary rollouts --------------------------------------------------------------------------
+# How often Celery beat evaluates live rollouts (advance, promote or roll back).
+ROLLOUT_EVALUATE_INTERVAL_SECONDS = env_float("ROLLOUT_EVALUATE_INTERVAL_SECONDS", 30.0)
+# The quality probe waits at most this long for one answer of a replica.
+ROLLOUT_PROBE_TIMEOUT_SECONDS = env_float("ROLLOUT_PROBE_TIMEOUT_SECONDS", 120.0)
+CELERY_BEAT_SCHEDULE.update({
+    "rollout-evaluator": {
+        "task": "models_registry.tasks.evaluate_rollouts",
+        "schedule": ROLLOUT_EVALUATE_INTERVAL_SECONDS,
+    },
+})

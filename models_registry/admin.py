@@ -80,3 +80,5 @@ class ReplicaAdmin(admin.ModelAdmin):
     inlines = [ReplicaTransitionInline]
     list_filter = ("state", "model_version__model")
     list_editable = ("state",)
+
+from models_registry import rollout_admin  # noqa: E402,F401 - registers the rollout admin

@@ -138,3 +138,5 @@ from models_registry.fleet_models import (  # noqa: E402,F401
     ScalingDecision,
     ScalingPolicy,
 )
+# Canary rollouts live in their own module; imported here so Django registers them.
+from models_registry.rollout_models import Rollout, RolloutStep  # noqa: E402,F401
