@@ -1,9 +1,10 @@
 """Replica changes pushed to the live fleet page through the channel layer.
 
-Every save of a Replica (admin, services, launcher) publishes the replica's row after the
-transaction commits; code that changes states with queryset `.update()` (the health check)
-calls `publish_replicas` itself. A channel layer that is down never fails the save: the page
-shows a stale row until the next change, and says so when its socket drops.
+Every save of a Replica publishes the replica's row after the transaction commits. State
+changes of the health check, node agents and autoscaler go through
+`models_registry.lifecycle.transition`, which saves the row; admin edits save it too. A channel
+layer that is down never fails the save: the page shows a stale row until the next change, and
+says so when its socket drops.
 """
 from __future__ import annotations
 
@@ -76,7 +77,3 @@ def publish_replicas(replica_ids: Iterable[int]) -> None:
 
 def on_replica_saved(sender, instance: Replica, **kwargs) -> None:
     publish_replicas([instance.pk])
-
-
-def on_replica_states_changed(sender, replica_ids, **kwargs) -> None:
-    publish_replicas(replica_ids)

@@ -1,12 +1,21 @@
-"""The staff console for the registry: models, versions (state, quantisation, prices), nodes
-and replicas (state, load). The live view of replicas is the fleet page (consoles)."""
+"""The staff console for the registry: models, versions (state, quantisation, prices, scaling
+policy), nodes and replicas (state, load, transitions), scaling decisions. The live view of
+replicas is the fleet page (consoles); rollouts are in rollout_admin."""
 import redis
 from django.conf import settings
 from django.contrib import admin
 from django.contrib.admin.views.main import ChangeList
 
 from billing.models import Price
-from models_registry.models import Model, ModelVersion, Node, Replica
+from models_registry.models import (
+    Model,
+    ModelVersion,
+    Node,
+    Replica,
+    ReplicaTransition,
+    ScalingDecision,
+    ScalingPolicy,
+)
 
 
 class ModelVersionInline(admin.TabularInline):
@@ -36,13 +45,19 @@ class PriceInline(admin.TabularInline):
         return False
 
 
+class ScalingPolicyInline(admin.StackedInline):
+    model = ScalingPolicy
+    extra = 0
+    max_num = 1
+
+
 @admin.register(ModelVersion)
 class ModelVersionAdmin(admin.ModelAdmin):
     list_display = ("model", "version", "state", "quantization", "context_length",
                     "price_now", "created_at")
     list_filter = ("state", "model")
     list_select_related = ("model",)
-    inlines = [PriceInline]
+    inlines = [ScalingPolicyInline, PriceInline]
 
     @admin.display(description="price now (input / output per 1M tokens)")
     def price_now(self, version):
@@ -55,9 +70,39 @@ class ModelVersionAdmin(admin.ModelAdmin):
         return f"{price.input_per_million} / {price.output_per_million} {price.currency}"
 
 
+@admin.register(ScalingPolicy)
+class ScalingPolicyAdmin(admin.ModelAdmin):
+    list_display = ("model_version", "enabled", "min_replicas", "max_replicas", "warm_pool_size",
+                    "scale_to_zero", "predictive")
+    list_editable = ("enabled", "min_replicas", "max_replicas", "warm_pool_size", "scale_to_zero",
+                     "predictive")
+
+
+@admin.register(ScalingDecision)
+class ScalingDecisionAdmin(admin.ModelAdmin):
+    list_display = ("at", "model_version", "action", "current_replicas", "recommended_replicas",
+                    "desired_replicas", "reason")
+    list_filter = ("action", "model_version")
+    readonly_fields = [f.name for f in ScalingDecision._meta.fields]
+
+    def has_add_permission(self, request):
+        return False
+
+
+class ReplicaTransitionInline(admin.TabularInline):
+    model = ReplicaTransition
+    extra = 0
+    can_delete = False
+    readonly_fields = ("at", "from_state", "to_state", "reason")
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+
 @admin.register(Node)
 class NodeAdmin(admin.ModelAdmin):
-    list_display = ("name", "zone", "accelerator", "is_schedulable", "last_heartbeat")
+    list_display = ("name", "zone", "accelerator", "cpu_slots", "memory_mib", "is_schedulable",
+                    "last_heartbeat", "lost_at")
 
 
 class LoadChangeList(ChangeList):
@@ -83,7 +128,8 @@ class LoadChangeList(ChangeList):
 @admin.register(Replica)
 class ReplicaAdmin(admin.ModelAdmin):
     list_display = ("model_version", "grpc_address", "metrics_address", "state", "load",
-                    "zone", "node", "last_heartbeat")
+                    "zone", "node", "managed", "load_seconds", "last_heartbeat")
+    inlines = [ReplicaTransitionInline]
     list_filter = ("state", "model_version__model")
     list_editable = ("state",)
     list_select_related = ("model_version__model", "node")
@@ -94,3 +140,6 @@ class ReplicaAdmin(admin.ModelAdmin):
     @admin.display(description="outstanding tokens")
     def load(self, replica):
         return getattr(replica, "outstanding_tokens", "-")
+
+
+from models_registry import rollout_admin  # noqa: E402,F401 - registers the rollout admin

@@ -1,14 +1,15 @@
 """The live fleet feed: a replica's state change reaches an open socket (channels_redis on the
-real Redis), whether it was saved (admin, services) or updated by the health check."""
+real Redis), whether it was saved by a service, the admin or a lifecycle transition."""
 import pytest
 from asgiref.sync import sync_to_async
 from channels.testing import WebsocketCommunicator
 from django.test import Client
+from django.utils import timezone
 
 from llm_platform.asgi import application
 from models_registry.models import Replica
 from models_registry.services import register_replica, set_replica_state
-from models_registry.signals import replica_states_changed
+from models_registry.lifecycle import transition
 from tests.platform.conftest import container_cleanup  # noqa: F401 (closes DB connections)
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.django_db(transaction=True)]
@@ -48,9 +49,8 @@ async def test_state_changes_are_pushed(operator, model_version):
     [row] = await next_rows(communicator)
     assert (row["id"], row["state"]) == (replica.pk, "ready")
 
-    # The health check's queryset update, announced through the registry's signal.
-    await Replica.objects.filter(pk=replica.pk).aupdate(state=Replica.State.FAILED)
-    await replica_states_changed.asend(sender=Replica, replica_ids=[replica.pk])
+    # What the health check, node agents and autoscaler call.
+    await sync_to_async(transition)(replica.pk, Replica.State.FAILED, "test", timezone.now())
     [row] = await next_rows(communicator)
     assert row["state"] == "failed"
 

@@ -238,3 +238,37 @@ def test_tenant_member_journey(page, browser, live_server_url, smollm2):
             assert width <= 390, f"{path} scrolls sideways on a phone ({width} px)"
     finally:
         phone.close()
+
+
+def test_operator_rolls_back_a_canary(page, live_server_url):
+    """Log in as an operator, read the rollout's evidence, roll the canary back."""
+    from consoles.roles import OPERATOR
+    from models_registry.models import ModelVersion
+    from models_registry.rollout_models import Rollout
+    from models_registry.rollouts.services import start_rollout
+
+    ensure_roles()
+    operator = User.objects.create_user("operator", password="operator-pw", is_staff=True)
+    operator.groups.add(Group.objects.get(name=OPERATOR))
+    stable = ensure_model_version("chat-small", 1, "fake", tokenizer="bytes")
+    canary = ensure_model_version("chat-small", 2, "fake", tokenizer="bytes")
+    rollout = start_rollout(canary, stable=stable, actor="release-bot")
+    Rollout.objects.filter(pk=rollout.pk).update(last_evidence={
+        "decision": "hold", "canary": {"num_requests": 14, "num_failed": 3},
+        "stable": {"num_requests": 120, "num_failed": 0}})
+    base = live_server_url
+
+    page.goto(f"{base}/admin/login/?next=/admin/models_registry/rollout/")
+    page.get_by_label("Username").fill("operator")
+    page.get_by_label("Password").fill("operator-pw")
+    page.get_by_role("button", name="Log in").click()
+    page.get_by_role("link", name=str(rollout.model.name)).first.click()
+    page.get_by_text("num_failed").first.wait_for()
+    page.get_by_role("button", name="Roll back").click()
+    page.get_by_text("roll back done").wait_for()
+    assert page.get_by_role("button", name="Roll back").count() == 0
+    rollout.refresh_from_db()
+    canary.refresh_from_db()
+    assert rollout.state == Rollout.State.ROLLED_BACK
+    assert canary.state == ModelVersion.State.RETIRED
+    screenshot(page, "operator-canary-rolled-back")
