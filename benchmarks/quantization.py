@@ -30,7 +30,7 @@ from replica.engine.dtype import dtype_name, resolve_dtype
 from replica.engine.llm_engine import LLMEngine, build_model
 from replica.engine.models.loader import default_model_path, load_checkpoint
 from replica.engine.models.quantization import quantize_int8, weight_bytes
-from replica.engine.runner.attention import AttentionMetadata, PrefillSeq
+from replica.engine.models.scoring import answer_logits
 from replica.engine.sampling_params import SamplingParams
 
 PROBE_CHATS = [
@@ -100,23 +100,6 @@ def prefill_tokens_per_s(engine: LLMEngine, num_prompts: int, length: int, seed:
             "seconds": elapsed}
 
 
-@torch.inference_mode()
-def full_logits(engine: LLMEngine, ids: list[int]) -> torch.Tensor:
-    """Logits at every position of `ids` ([T, vocab] float32): one prefill through our model."""
-    model = engine.core.runner.model
-    bs = engine.config.block_size
-    n = len(ids)
-    blocks = torch.arange((n + bs - 1) // bs)
-    dtype = engine.core.runner.kv_pools[0][0].dtype
-    c = engine.model_config
-    shape = (len(blocks), bs, c.num_kv_heads, c.head_dim)  # a pool of its own: the engine's holds cached blocks
-    pools = [(torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=dtype)) for _ in range(c.num_layers)]
-    meta = AttentionMetadata(slot_mapping=torch.arange(n), decode_token_idx=None, decode_block_tables=None,
-                             decode_mask=None, decode_context_lens=None,
-                             prefills=[PrefillSeq(query_start=0, query_len=n, context_len=n, block_ids=blocks)])
-    return model(torch.tensor(ids), torch.arange(n), pools, meta, torch.arange(n)).float()
-
-
 def quality_probe(engine: LLMEngine, prompts, reference: dict | None, max_tokens: int) -> dict:
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
     answers = [engine.generate([p], params)[0] for p in prompts]  # one at a time: batch 1
@@ -132,7 +115,7 @@ def quality_probe(engine: LLMEngine, prompts, reference: dict | None, max_tokens
             common += 1
         prefix += common / max(len(theirs), 1)
         # teacher-forced on the reference answer: the logits that predict each answer token
-        logits = full_logits(engine, prompt + theirs)[len(prompt) - 1 : len(prompt) - 1 + len(theirs)]
+        logits = answer_logits(engine.core.runner.model, prompt, theirs)
         diffs.append((logits - logits_ref).abs().mean().item())
         top1 += (logits.argmax(-1) == logits_ref.argmax(-1)).sum().item()
         counted += len(theirs)
@@ -147,7 +130,7 @@ def quality_probe(engine: LLMEngine, prompts, reference: dict | None, max_tokens
 
 
 def reference_logits(engine: LLMEngine, prompts, answers) -> list[torch.Tensor]:
-    return [full_logits(engine, p + a)[len(p) - 1 : len(p) - 1 + len(a)] for p, a in zip(prompts, answers)]
+    return [answer_logits(engine.core.runner.model, p, a) for p, a in zip(prompts, answers)]
 
 
 def _best_time(fn, calls: int = 30, budget_s: float = 1.0) -> float:
@@ -206,10 +189,62 @@ def kernel_table(config) -> list[dict]:
     return rows
 
 
+def compare(ckpt, prompts, dtype: str, args) -> dict:
+    """float vs int8 in one dtype: the same measurements for both, one after the other."""
+    versions: dict[str, dict] = {}
+    reference = None
+    for name, quantization in (("float", "none"), ("int8", "int8")):
+        engine = make_engine(ckpt, dtype, quantization, max(args.batch, 1))
+        row: dict = {"quantization": quantization, "dtype": dtype,
+                     "weight_bytes": weight_bytes(engine.core.runner.model)}
+        print(f"{dtype} {name}: weights {row['weight_bytes'] / 2**20:.1f} MiB", file=sys.stderr)
+        row["decode_batch1"] = decode_tokens_per_s(engine, 1, args.context, args.decode_steps * 2, args.seed)
+        row["decode_batch"] = decode_tokens_per_s(engine, args.batch, args.context, args.decode_steps, args.seed)
+        print(f"{dtype} {name}: decode b=1 {row['decode_batch1']['tokens_per_s']:.1f} tok/s, "
+              f"b={args.batch} {row['decode_batch']['tokens_per_s']:.1f} tok/s", file=sys.stderr)
+        prefill_engine = make_engine(ckpt, dtype, quantization, 8, prefix_caching=False)
+        row["prefill"] = prefill_tokens_per_s(prefill_engine, args.prefill_prompts, args.prefill_len, args.seed)
+        del prefill_engine
+        print(f"{dtype} {name}: prefill {row['prefill']['tokens_per_s']:.0f} tok/s", file=sys.stderr)
+        probe = quality_probe(engine, prompts, reference, args.probe_tokens)
+        if reference is None:
+            reference = {"answers": probe["answers"], "logits": reference_logits(engine, prompts, probe["answers"])}
+        probe["answers"] = [ckpt.tokenizer.decode(a) for a in probe["answers"]]
+        row["quality"] = probe
+        versions[name] = row
+        del engine
+    f, q = versions["float"], versions["int8"]
+    return {
+        "dtype": dtype,
+        "versions": versions,
+        "ratios_int8_over_float": {
+            "weight_bytes": q["weight_bytes"] / f["weight_bytes"],
+            "decode_batch1_tokens_per_s": q["decode_batch1"]["tokens_per_s"] / f["decode_batch1"]["tokens_per_s"],
+            "decode_batch_tokens_per_s": q["decode_batch"]["tokens_per_s"] / f["decode_batch"]["tokens_per_s"],
+            "prefill_tokens_per_s": q["prefill"]["tokens_per_s"] / f["prefill"]["tokens_per_s"],
+        },
+        "quality_int8_vs_float": {k: v for k, v in q["quality"].items() if k != "answers"},
+    }
+
+
+def _cpu_flags() -> list[str]:
+    wanted = {"avx2", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "amx_bf16", "amx_int8"}
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as fh:
+            for line in fh:
+                if line.startswith("flags"):
+                    return sorted(wanted.intersection(line.split()))
+    except OSError:
+        pass
+    return []
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", help="write the results as JSON here")
-    parser.add_argument("--dtype", default="auto", help="the float version's dtype (and int8's activations)")
+    parser.add_argument("--dtypes", nargs="+", default=["auto"],
+                        help="the float versions' dtypes (int8's activations use the same); the first is the "
+                             "headline, e.g. --dtypes auto float32")
     parser.add_argument("--batch", type=int, default=32, help="the larger decode batch")
     parser.add_argument("--context", type=int, default=128, help="context length of the decoding sequences")
     parser.add_argument("--decode-steps", type=int, default=24)
@@ -220,53 +255,28 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
 
-    dtype = dtype_name(resolve_dtype(args.dtype, "cpu"))
-    print(f"loading SmolLM2; float version in {dtype}", file=sys.stderr)
+    dtypes = list(dict.fromkeys(dtype_name(resolve_dtype(d, "cpu")) for d in args.dtypes))
+    print(f"loading SmolLM2; float versions in {', '.join(dtypes)}", file=sys.stderr)
     ckpt = load_checkpoint(default_model_path())
     prompts = probe_prompts(ckpt.tokenizer)
-    versions: dict[str, dict] = {}
-    reference = None
-    for name, quantization in (("float", "none"), ("int8", "int8")):
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            engine = make_engine(ckpt, dtype, quantization, max(args.batch, 1))
-        row: dict = {"quantization": quantization, "dtype": dtype,
-                     "weight_bytes": weight_bytes(engine.core.runner.model)}
-        print(f"{name}: weights {row['weight_bytes'] / 2**20:.1f} MiB", file=sys.stderr)
-        row["decode_batch1"] = decode_tokens_per_s(engine, 1, args.context, args.decode_steps * 2, args.seed)
-        row["decode_batch"] = decode_tokens_per_s(engine, args.batch, args.context, args.decode_steps, args.seed)
-        print(f"{name}: decode b=1 {row['decode_batch1']['tokens_per_s']:.1f} tok/s, "
-              f"b={args.batch} {row['decode_batch']['tokens_per_s']:.1f} tok/s", file=sys.stderr)
-        prefill_engine = make_engine(ckpt, dtype, quantization, 8, prefix_caching=False)
-        row["prefill"] = prefill_tokens_per_s(prefill_engine, args.prefill_prompts, args.prefill_len, args.seed)
-        del prefill_engine
-        print(f"{name}: prefill {row['prefill']['tokens_per_s']:.0f} tok/s", file=sys.stderr)
-        probe = quality_probe(engine, prompts, reference, args.probe_tokens)
-        if reference is None:
-            reference = {"answers": probe["answers"], "logits": reference_logits(engine, prompts, probe["answers"])}
-        probe["answers"] = [ckpt.tokenizer.decode(a) for a in probe["answers"]]
-        row["quality"] = probe
-        versions[name] = row
-        del engine
-    f, q = versions["float"], versions["int8"]
+    comparisons = [compare(ckpt, prompts, dtype, args) for dtype in dtypes]
+    headline = comparisons[0]
     result = {
         "model": "SmolLM2-135M-Instruct (Q4_1 GGUF, dequantised at load)",
-        "machine": {"cpus": torch.get_num_threads(), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-                    "processor": platform.processor() or platform.machine(), "torch": torch.__version__},
-        "float_dtype": dtype,
-        "versions": versions,
-        "ratios_int8_over_float": {
-            "weight_bytes": q["weight_bytes"] / f["weight_bytes"],
-            "decode_batch1_tokens_per_s": q["decode_batch1"]["tokens_per_s"] / f["decode_batch1"]["tokens_per_s"],
-            "decode_batch_tokens_per_s": q["decode_batch"]["tokens_per_s"] / f["decode_batch"]["tokens_per_s"],
-            "prefill_tokens_per_s": q["prefill"]["tokens_per_s"] / f["prefill"]["tokens_per_s"],
-        },
-        "quality_int8_vs_float": {k: v for k, v in q["quality"].items() if k != "answers"},
+        "machine": {"threads": torch.get_num_threads(), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+                    "cpu_flags": _cpu_flags(), "processor": platform.processor() or platform.machine(),
+                    "torch": torch.__version__},
+        "settings": {k: v for k, v in vars(args).items() if k != "out"},
+        "float_dtype": headline["dtype"],
+        "versions": headline["versions"],
+        "ratios_int8_over_float": headline["ratios_int8_over_float"],
+        "quality_int8_vs_float": headline["quality_int8_vs_float"],
+        "other_dtypes": comparisons[1:],
     }
     if not args.skip_kernels:
         result["kernels"] = kernel_table(ckpt.config)
-    print(json.dumps({k: result[k] for k in ("float_dtype", "ratios_int8_over_float", "quality_int8_vs_float")},
-                     indent=2))
+    summary = [{k: c[k] for k in ("dtype", "ratios_int8_over_float", "quality_int8_vs_float")} for c in comparisons]
+    print(json.dumps(summary, indent=2))
     if args.out:
         with open(args.out, "w", encoding="utf-8") as fh:
             json.dump(result, fh, indent=2)

@@ -10,8 +10,9 @@ int8 activations quantised per tensor (PyTorch's fbgemm `quantized::linear_dynam
 than float32) agreed with the float model on the top-1 token only ~58% of the time, per token
 ~87%; int8 weights alone ~98%.
 
-Int8Linear on a CPU runs PyTorch's int8-weight kernel (`torch._weight_int8pack_mm`, activations
-in bfloat16, dequantised in registers, AVX512 or AVX2) for up to `KERNEL_MAX_ROWS` rows: it reads
+Int8Linear on a CPU runs PyTorch's int8-weight kernel (`torch._weight_int8pack_mm`: activations
+in bfloat16 (a float32 engine passes each as two bfloat16 parts), weights dequantised in
+registers, AVX512 or AVX2) for up to `KERNEL_MAX_ROWS` rows: it reads
 a quarter of the float32 bytes, so decode (a few rows, memory-bound) runs faster. With more rows
 (prefill) that kernel is slower than the float GEMM, so the weight is dequantised into the engine
 dtype for the call and the float GEMM runs. On other devices it always dequantises per call: the
@@ -54,6 +55,7 @@ class Int8Linear(nn.Module):
         self.register_buffer("qweight", q.contiguous())
         self.register_buffer("scale", scale.float())
         self.register_buffer("scale_bf16", scale.to(torch.bfloat16), persistent=False)
+        self.register_buffer("scale_fix", self.scale / self.scale_bf16.float(), persistent=False)
         self.use_kernel = int8_kernel_available(q.device)
         self.kernel_max_rows = KERNEL_MAX_ROWS.get(compute_dtype, 0)
 
@@ -66,10 +68,18 @@ class Int8Linear(nn.Module):
         return self.qweight.to(dtype).mul_(self.scale.to(dtype)[:, None])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [T, in]
-        if self.use_kernel and x.shape[0] <= self.kernel_max_rows:
-            y = torch._weight_int8pack_mm(x.to(torch.bfloat16).contiguous(), self.qweight, self.scale_bf16)
-            return y if x.dtype == torch.bfloat16 else y.to(x.dtype)
-        return nn.functional.linear(x, self.dequantized_weight(x.dtype))
+        rows = x.shape[0]
+        if not (self.use_kernel and rows <= self.kernel_max_rows):
+            return nn.functional.linear(x, self.dequantized_weight(x.dtype))
+        if x.dtype == torch.bfloat16:
+            return torch._weight_int8pack_mm(x.contiguous(), self.qweight, self.scale_bf16)
+        # The kernel takes bfloat16 activations and scales. For a float32 engine, split x into a
+        # bfloat16 head and the bfloat16 rest (one call, twice the rows: decode is memory-bound)
+        # and undo the scales' rounding: top-1 agreement with float32 went from 0.93 to 0.97.
+        hi = x.to(torch.bfloat16)
+        lo = (x - hi.to(x.dtype)).to(torch.bfloat16)
+        y = torch._weight_int8pack_mm(torch.cat([hi, lo]), self.qweight, self.scale_bf16).to(x.dtype)
+        return (y[:rows] + y[rows:]) * self.scale_fix.to(x.dtype)
 
     def extra_repr(self) -> str:
         kernel = f"int8 kernel up to {self.kernel_max_rows} rows" if self.use_kernel else "dequantised per call"
