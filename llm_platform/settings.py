@@ -236,6 +236,18 @@ CELERY_BEAT_SCHEDULE.update({
     },
 })
 
+# --- Canary rollouts --------------------------------------------------------------------------
+# How often Celery beat evaluates live rollouts (advance, promote or roll back).
+ROLLOUT_EVALUATE_INTERVAL_SECONDS = env_float("ROLLOUT_EVALUATE_INTERVAL_SECONDS", 30.0)
+# The quality probe waits at most this long for one answer of a replica.
+ROLLOUT_PROBE_TIMEOUT_SECONDS = env_float("ROLLOUT_PROBE_TIMEOUT_SECONDS", 120.0)
+CELERY_BEAT_SCHEDULE.update({
+    "rollout-evaluator": {
+        "task": "models_registry.tasks.evaluate_rollouts",
+        "schedule": ROLLOUT_EVALUATE_INTERVAL_SECONDS,
+    },
+})
+
 # --- Consoles (staff admin console, tenant dashboard) -------------------------------------------
 LOGIN_URL = "/dashboard/login/"
 # Sessions (admin and dashboard) end this long after log-in, whatever happens in between.
@@ -248,15 +260,3 @@ CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
 SERVE_STATIC = env_bool("SERVE_STATIC", True)
 # How often the live fleet page receives replica loads (seconds).
 FLEET_LOAD_INTERVAL_SECONDS = env_float("FLEET_LOAD_INTERVAL_SECONDS", 2.0)
-
-# --- Canary rollouts --------------------------------------------------------------------------
-# How often Celery beat evaluates live rollouts (advance, promote or roll back).
-ROLLOUT_EVALUATE_INTERVAL_SECONDS = env_float("ROLLOUT_EVALUATE_INTERVAL_SECONDS", 30.0)
-# The quality probe waits at most this long for one answer of a replica.
-ROLLOUT_PROBE_TIMEOUT_SECONDS = env_float("ROLLOUT_PROBE_TIMEOUT_SECONDS", 120.0)
-CELERY_BEAT_SCHEDULE.update({
-    "rollout-evaluator": {
-        "task": "models_registry.tasks.evaluate_rollouts",
-        "schedule": ROLLOUT_EVALUATE_INTERVAL_SECONDS,
-    },
-})

@@ -1,6 +1,5 @@
-"""The staff console for the registry: models, versions (state, quantisation, prices, scaling
-policy), nodes and replicas (state, load, transitions), scaling decisions. The live view of
-replicas is the fleet page (consoles); rollouts are in rollout_admin."""
+"""The staff console for the registry: models, versions (state, quantisation, prices), nodes
+and replicas (state, load). The live view of replicas is the fleet page (consoles)."""
 import redis
 from django.conf import settings
 from django.contrib import admin
@@ -27,8 +26,15 @@ class ModelVersionInline(admin.TabularInline):
 @admin.register(Model)
 class ModelAdmin(admin.ModelAdmin):
     list_display = ("name", "is_public", "routing_policy", "created_at")
+    list_editable = ("routing_policy",)  # takes effect within REGISTRY_CACHE_TTL_SECONDS
     filter_horizontal = ("tenants",)
     inlines = [ModelVersionInline]
+
+
+class ScalingPolicyInline(admin.StackedInline):
+    model = ScalingPolicy
+    extra = 0
+    max_num = 1
 
 
 class PriceInline(admin.TabularInline):
@@ -45,19 +51,13 @@ class PriceInline(admin.TabularInline):
         return False
 
 
-class ScalingPolicyInline(admin.StackedInline):
-    model = ScalingPolicy
-    extra = 0
-    max_num = 1
-
-
 @admin.register(ModelVersion)
 class ModelVersionAdmin(admin.ModelAdmin):
     list_display = ("model", "version", "state", "quantization", "context_length",
                     "price_now", "created_at")
     list_filter = ("state", "model")
     list_select_related = ("model",)
-    inlines = [ScalingPolicyInline, PriceInline]
+    inlines = [PriceInline, ScalingPolicyInline]
 
     @admin.display(description="price now (input / output per 1M tokens)")
     def price_now(self, version):

@@ -71,6 +71,17 @@ return string.format('%.17g', level)
 """
 
 
+# KEYS: requests bucket, tokens bucket. ARGV: now_ms, req_per_min, req_burst, tok_per_min,
+# tok_burst. Returns both levels as of now; writes nothing (a read for the headers of replies
+# that charge nothing).
+PEEK_SCRIPT = _REFILL + """
+local now = tonumber(ARGV[1])
+local req = refill(KEYS[1], now, tonumber(ARGV[2]), tonumber(ARGV[3]))
+local tok = refill(KEYS[2], now, tonumber(ARGV[4]), tonumber(ARGV[5]))
+return {string.format('%.17g', req), string.format('%.17g', tok)}
+"""
+
+
 def bucket_keys(key_prefix: str, tenant_id: int) -> tuple[str, str]:
     """The Redis hashes of a tenant's requests and tokens buckets."""
     base = f"{key_prefix}bucket:{tenant_id}"
@@ -85,16 +96,6 @@ def level_now(stored_level: float | None, stored_ts_ms: int | None, now_ms: int,
     if now_ms <= stored_ts_ms:
         return stored_level
     return min(float(burst), stored_level + (now_ms - stored_ts_ms) * per_minute / 60000.0)
-
-# KEYS: requests bucket, tokens bucket. ARGV: now_ms, req_per_min, req_burst, tok_per_min,
-# tok_burst. Returns both levels as of now; writes nothing (a read for the headers of replies
-# that charge nothing).
-PEEK_SCRIPT = _REFILL + """
-local now = tonumber(ARGV[1])
-local req = refill(KEYS[1], now, tonumber(ARGV[2]), tonumber(ARGV[3]))
-local tok = refill(KEYS[2], now, tonumber(ARGV[4]), tonumber(ARGV[5]))
-return {string.format('%.17g', req), string.format('%.17g', tok)}
-"""
 
 
 @dataclass(frozen=True)
