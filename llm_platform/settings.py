@@ -156,6 +156,21 @@ IDEMPOTENCY_PENDING_TTL_SECONDS = env_int("IDEMPOTENCY_PENDING_TTL_SECONDS", 15 
 NO_REPLICA_RETRY_AFTER_SECONDS = env_int("NO_REPLICA_RETRY_AFTER_SECONDS", 5)
 # How many replicas a request tries when one fails before its first token.
 ROUTER_MAX_ATTEMPTS = env_int("ROUTER_MAX_ATTEMPTS", 3)
+# Routing (inference/router.py). The prefix index forgets a replica's blocks after this long
+# without a request sending them there (the replica's LRU has likely evicted them by then).
+ROUTER_PREFIX_TTL_SECONDS = env_float("ROUTER_PREFIX_TTL_SECONDS", 300.0)
+# Leading prompt blocks hashed for prefix affinity (16 tokens each).
+ROUTER_PREFIX_MAX_BLOCKS = env_int("ROUTER_PREFIX_MAX_BLOCKS", 128)
+# Each replica's metrics port is polled this often (one process per tick polls each replica);
+# its signals expire after ROUTER_SIGNALS_TTL_SECONDS without a successful poll. 0 = no polling.
+ROUTER_SIGNALS_INTERVAL_SECONDS = env_float("ROUTER_SIGNALS_INTERVAL_SECONDS", 1.0)
+ROUTER_SIGNALS_TTL_SECONDS = env_float("ROUTER_SIGNALS_TTL_SECONDS", 3.0)
+ROUTER_SIGNALS_TIMEOUT_SECONDS = env_float("ROUTER_SIGNALS_TIMEOUT_SECONDS", 0.5)
+# Circuit breaker per replica: this many consecutive faults open it for the cool-down; then one
+# probe request may go (its claim lapses after the probe timeout if its process dies).
+ROUTER_CIRCUIT_FAILURES = env_int("ROUTER_CIRCUIT_FAILURES", 3)
+ROUTER_CIRCUIT_COOLDOWN_SECONDS = env_float("ROUTER_CIRCUIT_COOLDOWN_SECONDS", 10.0)
+ROUTER_CIRCUIT_PROBE_TIMEOUT_SECONDS = env_float("ROUTER_CIRCUIT_PROBE_TIMEOUT_SECONDS", 30.0)
 # Model versions and ready-replica lists are read from PostgreSQL at most this often per process
 # (a registry change reaches every process within this time).
 REGISTRY_CACHE_TTL_SECONDS = env_float("REGISTRY_CACHE_TTL_SECONDS", 1.0)
@@ -170,7 +185,7 @@ QUOTA_LIMITS_CACHE_SECONDS = env_float("QUOTA_LIMITS_CACHE_SECONDS", 2.0)
 # django-ratelimit on the API: requests per API key (a coarse abuse guard in front of the
 # per-tenant token buckets, which carry the real limits).
 API_KEY_RATELIMIT = env_str("API_KEY_RATELIMIT", "6000/m")
-# The admission queue (per model version, shared in Redis): slots per ready replica (how many
+# The admission queue (per model, its versions share it; in Redis): slots per ready replica (how many
 # requests run at once on one replica before others wait), the most requests waiting, the
 # waiting order (fair_share: tier, then least-served tenant; fifo: tier, then arrival).
 ADMISSION_SLOTS_PER_REPLICA = env_int("ADMISSION_SLOTS_PER_REPLICA", 16)
@@ -215,5 +230,17 @@ CELERY_BEAT_SCHEDULE.update({
         # Idempotent: issues last month's missing invoices; hourly so a month end is not missed.
         "task": "billing.tasks.issue_invoices_task",
         "schedule": env_float("BILLING_INVOICE_INTERVAL_SECONDS", 3600.0),
+    },
+})
+
+# --- Canary rollouts --------------------------------------------------------------------------
+# How often Celery beat evaluates live rollouts (advance, promote or roll back).
+ROLLOUT_EVALUATE_INTERVAL_SECONDS = env_float("ROLLOUT_EVALUATE_INTERVAL_SECONDS", 30.0)
+# The quality probe waits at most this long for one answer of a replica.
+ROLLOUT_PROBE_TIMEOUT_SECONDS = env_float("ROLLOUT_PROBE_TIMEOUT_SECONDS", 120.0)
+CELERY_BEAT_SCHEDULE.update({
+    "rollout-evaluator": {
+        "task": "models_registry.tasks.evaluate_rollouts",
+        "schedule": ROLLOUT_EVALUATE_INTERVAL_SECONDS,
     },
 })

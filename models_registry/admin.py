@@ -20,6 +20,7 @@ class ModelVersionInline(admin.TabularInline):
 @admin.register(Model)
 class ModelAdmin(admin.ModelAdmin):
     list_display = ("name", "is_public", "routing_policy", "created_at")
+    list_editable = ("routing_policy",)  # takes effect within REGISTRY_CACHE_TTL_SECONDS
     filter_horizontal = ("tenants",)
     inlines = [ModelVersionInline]
 
@@ -79,3 +80,5 @@ class ReplicaAdmin(admin.ModelAdmin):
     inlines = [ReplicaTransitionInline]
     list_filter = ("state", "model_version__model")
     list_editable = ("state",)
+
+from models_registry import rollout_admin  # noqa: E402,F401 - registers the rollout admin

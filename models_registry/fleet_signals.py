@@ -15,7 +15,13 @@ from inference.admission import queue_keys
 from billing.models import UsageRecord
 from models_registry.autoscaler import History, Signals
 from models_registry.forecast import build_profile
-from models_registry.models import RateSample, Replica, ScalingDecision, ScalingPolicy
+from models_registry.models import (
+    ModelVersion,
+    RateSample,
+    Replica,
+    ScalingDecision,
+    ScalingPolicy,
+)
 from tenants.models import Tier
 
 TTFT_WINDOW_S = 60.0
@@ -29,11 +35,17 @@ def _arrivals_key(prefix: str, model_version_id: int) -> str:
     return f"{prefix}fleet:arrivals:{model_version_id}"
 
 
+def _model_name(model_version_id: int) -> str:
+    return ModelVersion.objects.values_list("model__name", flat=True).get(pk=model_version_id)
+
+
 def count_arrivals(redis, prefix: str, model_version_id: int, now: float) -> tuple[int, float, float | None]:
     """(requests since the previous call, seconds since it, time of the last arrival) from the
-    admission queue's counters; the first call only sets the baseline (0 requests, 0 s)."""
-    _, _, _, stats_key = queue_keys(prefix, model_version_id)
-    seq, full = redis.hmget(stats_key, ["seq", "rejected_full"])
+    admission queue's per-version counters (the queue is the model's, shared by its versions);
+    the first call only sets the baseline (0 requests, 0 s)."""
+    stats_key = queue_keys(prefix, _model_name(model_version_id))[3]
+    seq, full = redis.hmget(stats_key, [f"seq:{model_version_id}",
+                                        f"rejected_full:{model_version_id}"])
     total = int(seq or 0) + int(full or 0)
     key = _arrivals_key(prefix, model_version_id)
     previous = redis.hgetall(key)
@@ -52,7 +64,11 @@ def count_arrivals(redis, prefix: str, model_version_id: int, now: float) -> tup
 
 
 def queue_depth(redis, prefix: str, model_version_id: int) -> int:
-    return int(redis.hlen(queue_keys(prefix, model_version_id)[0]))
+    """Waiters for this version in its model's queue (tickets are `tenant:version:uuid`)."""
+    tickets = redis.hkeys(queue_keys(prefix, _model_name(model_version_id))[0])
+    version = str(model_version_id)
+    return sum(1 for t in tickets
+               if (t.decode() if isinstance(t, bytes) else t).split(":")[1] == version)
 
 
 def outstanding_tokens(redis, prefix: str, model_version_id: int, replica_ids: list[int]) -> dict[int, int]:

@@ -7,12 +7,22 @@ from django.db import models
 class Model(models.Model):
     """A name customers send as `model`; also the model's name in the Triton repository."""
 
+    class RoutingPolicy(models.TextChoices):
+        # The names of inference.policies.POLICIES (a test keeps the two lists equal).
+        BALANCED = "balanced"  # outstanding tokens + free KV blocks + prefix overlap
+        PREFIX_AFFINITY = "prefix_affinity"
+        LEAST_OUTSTANDING_TOKENS = "least_outstanding_tokens"
+        ROUND_ROBIN = "round_robin"  # a baseline only
+
     name = models.SlugField(max_length=100, unique=True)
     description = models.TextField(blank=True, default="")
     # Public models are open to every tenant; others only to `tenants`.
     is_public = models.BooleanField(default=True)
     tenants = models.ManyToManyField("tenants.Tenant", blank=True, related_name="models")
-    routing_policy = models.CharField(max_length=64, default="least_outstanding_tokens")
+    # Read by the request path through a cache of REGISTRY_CACHE_TTL_SECONDS: an admin change
+    # reaches every process within that time.
+    routing_policy = models.CharField(max_length=64, choices=RoutingPolicy.choices,
+                                      default=RoutingPolicy.BALANCED)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -128,3 +138,5 @@ from models_registry.fleet_models import (  # noqa: E402,F401
     ScalingDecision,
     ScalingPolicy,
 )
+# Canary rollouts live in their own module; imported here so Django registers them.
+from models_registry.rollout_models import Rollout, RolloutStep  # noqa: E402,F401
