@@ -26,12 +26,15 @@ INSTALLED_APPS = [
     "django.contrib.sessions",
     "django.contrib.messages",
     "django.contrib.staticfiles",
+    "django.contrib.humanize",
     "rest_framework",
     "channels",
     "tenants",
     "models_registry",
     "inference",
     "billing",
+    "dashboard",
+    "consoles",  # last: its post_migrate sets up the role groups once every permission exists
 ]
 
 MIDDLEWARE = [
@@ -244,3 +247,16 @@ CELERY_BEAT_SCHEDULE.update({
         "schedule": ROLLOUT_EVALUATE_INTERVAL_SECONDS,
     },
 })
+
+# --- Consoles (staff admin console, tenant dashboard) -------------------------------------------
+LOGIN_URL = "/dashboard/login/"
+# Sessions (admin and dashboard) end this long after log-in, whatever happens in between.
+SESSION_COOKIE_AGE = env_int("SESSION_COOKIE_AGE", 8 * 3600)
+SESSION_COOKIE_HTTPONLY = True
+SESSION_COOKIE_SAMESITE = "Lax"
+SESSION_COOKIE_SECURE = env_bool("SESSION_COOKIE_SECURE", False)  # true behind HTTPS
+CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
+# daphne serves /static/ itself (admin and dashboard CSS/JS; no CDN, nothing from outside).
+SERVE_STATIC = env_bool("SERVE_STATIC", True)
+# How often the live fleet page receives replica loads (seconds).
+FLEET_LOAD_INTERVAL_SECONDS = env_float("FLEET_LOAD_INTERVAL_SECONDS", 2.0)

@@ -140,7 +140,8 @@ def main() -> int:
             waiter.wait()
         if waiter.returncode == 0:
             base = f"http://{args.host}:{args.port}"
-            print(f"\nAPI base URL: {base}/v1   (admin: {base}/admin/, logs: {LOGS})\n"
+            print(f"\nAPI base URL: {base}/v1   (admin: {base}/admin/, tenant dashboard: "
+                  f"{base}/dashboard/ after `manage.py createmember USER demo`, logs: {LOGS})\n"
                   f"try: curl -N {base}/v1/chat/completions -H 'Authorization: Bearer <key>' "
                   "-H 'Content-Type: application/json' -d '{\"model\": \"chat-small\", "
                   "\"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}], \"stream\": true}'\n"

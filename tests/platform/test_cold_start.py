@@ -34,7 +34,7 @@ async def test_a_request_at_zero_waits_for_the_first_replica(client, auth, model
                                         scale_to_zero=True)
     request = asyncio.create_task(post(client, auth))
     container = current_container()
-    waiting = queue_keys(container.key_prefix, model_version.model.name)[0]
+    waiting = queue_keys(container.key_prefix, model_version.model.name)[0]  # the model's queue
     for _ in range(200):  # the request is queued (visible to the autoscaler as queue depth)
         if await container.redis.hlen(waiting):
             break
