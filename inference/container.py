@@ -17,6 +17,7 @@ from django.apps import apps
 from django.conf import settings
 
 from inference.admission import ADMISSION_POLICIES, AdmissionQueue
+from inference.canary import RolloutCatalog
 from inference.idempotency import IdempotencyStore
 from inference.replica_client import ReplicaClient
 from inference.circuit import CircuitBreaker
@@ -32,6 +33,7 @@ from inference.router import (
 from inference.routing_stats import RoutingStats
 from inference.tokenization import TokenizerCache
 from inference.triton_client import TritonReplicaClient
+from models_registry.rollouts.fallbacks import FallbackRecorder
 from tenants.buckets import TokenBuckets
 from tenants.selectors import LimitsCache
 
@@ -50,6 +52,8 @@ class Container:
     buckets: TokenBuckets
     admission: AdmissionQueue
     signal_poller: SignalPoller
+    rollouts: RolloutCatalog  # canary rollouts: which version serves a request
+    fallbacks: FallbackRecorder  # canary requests that stable served instead
 
     async def close(self) -> None:
         await self.signal_poller.stop()
@@ -103,6 +107,9 @@ def build_container(tokenizers: TokenizerCache) -> Container:
                                  ADMISSION_POLICIES[settings.ADMISSION_POLICY](),
                                  max_queue=settings.ADMISSION_MAX_QUEUE),
         signal_poller=poller,
+        rollouts=RolloutCatalog(clock, settings.REGISTRY_CACHE_TTL_SECONDS),
+        # Wall-clock minutes: the evaluator reads them in another process.
+        fallbacks=FallbackRecorder(redis, prefix, time.time),
     )
 
 

@@ -72,9 +72,19 @@ class Node(models.Model):
     accelerator = models.CharField(max_length=64, blank=True, default="cpu")
     is_schedulable = models.BooleanField(default=True)
     last_heartbeat = models.DateTimeField(null=True, blank=True)
+    # Capacity the node agent announced (CPU slots stand for GPUs here); 0 = not an agent's node.
+    cpu_slots = models.PositiveIntegerField(default=0)
+    memory_mib = models.PositiveIntegerField(default=0)
+    # Set when heartbeats stopped and the node was presumed lost; cleared when it registers again.
+    lost_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["name"]
+
+    @property
+    def queue(self) -> str:
+        """The Celery queue its agent consumes."""
+        return f"node.{self.name}"
 
     def __str__(self) -> str:
         return self.name
@@ -92,19 +102,41 @@ class Replica(models.Model):
 
     model_version = models.ForeignKey(ModelVersion, on_delete=models.CASCADE, related_name="replicas")
     node = models.ForeignKey(Node, on_delete=models.SET_NULL, null=True, blank=True, related_name="replicas")
-    grpc_address = models.CharField(max_length=200)  # host:port
+    grpc_address = models.CharField(max_length=200, blank=True)  # host:port
     metrics_address = models.CharField(max_length=200, blank=True, default="")  # host:port
     state = models.CharField(max_length=16, choices=State.choices, default=State.LOADING)
     zone = models.CharField(max_length=64, blank=True, default="")
     last_heartbeat = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
+    # Placed by the fleet (a node agent starts and stops it, and alone promotes it to ready after
+    # a warm-up request); False for replicas registered by hand (`registerreplica`).
+    managed = models.BooleanField(default=False)
+    cpu_slots = models.PositiveIntegerField(default=0)  # capacity reserved on its node
+    memory_mib = models.PositiveIntegerField(default=0)
+    load_seconds = models.FloatField(null=True, blank=True)  # start -> ready, measured by the agent
+    server_pid = models.IntegerField(null=True, blank=True)  # tritonserver's pid on its node
 
     class Meta:
         ordering = ["model_version", "grpc_address"]
         constraints = [
-            models.UniqueConstraint(fields=["grpc_address"], condition=~models.Q(state="stopped"),
-                                    name="unique_live_replica_address")
+            # A placed replica has no address until its agent picks ports.
+            models.UniqueConstraint(
+                fields=["grpc_address"],
+                condition=~models.Q(state__in=["stopped", "failed"]) & ~models.Q(grpc_address=""),
+                name="unique_live_replica_address")
         ]
 
     def __str__(self) -> str:
         return f"{self.model_version} @ {self.grpc_address} ({self.state})"
+
+
+# The fleet's own tables (scaling policy, transitions, decisions, rate samples) live in
+# fleet_models.py; importing them here registers them with the app.
+from models_registry.fleet_models import (  # noqa: E402,F401
+    RateSample,
+    ReplicaTransition,
+    ScalingDecision,
+    ScalingPolicy,
+)
+# Canary rollouts live in their own module; imported here so Django registers them.
+from models_registry.rollout_models import Rollout, RolloutStep  # noqa: E402,F401
