@@ -22,6 +22,7 @@ from billing.models import UsageRecord
 from billing.services import UsageEvent, record_usage
 from inference.admission import QueueFull, QueueTimeout, Slot, Waiter
 from inference.container import Container
+from inference.db_connection import release_db_connection
 from inference.errors import InvalidRequest, ReplicaFailed, ServiceUnavailable
 from inference.pipeline import Prepared, record_fallback, retarget
 from inference.quota import settle
@@ -32,7 +33,9 @@ from inference.replica_client import (
     ReplicaStreamError,
     ReplicaUnavailable,
 )
+from inference.prefix_index import prompt_block_hashes
 from inference.router import NoReplicaReady, RouteRequest
+from models_registry.selectors import can_cold_start
 from models_registry.rollouts.fallbacks import FAILED, UNAVAILABLE
 
 logger = logging.getLogger(__name__)
@@ -104,20 +107,36 @@ def replica_request(prepared: Prepared) -> ReplicaRequest:
 
 
 async def _admit(container: Container, prepared: Prepared) -> Slot | None:
-    """A slot of the model version's admission queue; None when no replica is ready (the
-    router then answers 503). Raises 503 when the queue is full or the tier's wait bound passes."""
-    num_ready = await container.router.num_ready(prepared.target.model_version_id)
-    if num_ready == 0:
+    """A slot of the model version in its model's admission queue (one per model, shared by
+    its versions); None when no replica is ready (the router then answers 503). Raises 503 when
+    the queue is full or the tier's wait bound passes."""
+    model_version_id = prepared.target.model_version_id
+    num_ready = await container.router.num_ready(model_version_id)
+    # No replica ready, but one is loading or the version scales from zero: wait for it in the
+    # queue (the autoscaler sees the depth and starts one) rather than refuse.
+    cold = num_ready == 0 and await can_cold_start(model_version_id)
+    if num_ready == 0 and not cold:
         return None
     limits = prepared.charge.limits
+    max_wait_s = limits.max_queue_wait_ms / 1000.0
+    if cold:
+        max_wait_s = max(max_wait_s, settings.COLD_START_MAX_WAIT_SECONDS)
     waiter = Waiter(tenant=str(limits.tenant_id), priority=limits.priority,
-                    cost_tokens=prepared.charge.estimated_tokens,
-                    max_wait_s=limits.max_queue_wait_ms / 1000.0)
+                    cost_tokens=prepared.charge.estimated_tokens, max_wait_s=max_wait_s)
+
+    async def capacity() -> tuple[int, int]:
+        n = await container.router.num_ready(model_version_id)
+        await release_db_connection()
+        return (n * settings.ADMISSION_SLOTS_PER_REPLICA,
+                n * settings.ADMISSION_HEADROOM_SLOTS_PER_REPLICA)
+
+    await release_db_connection()  # not held while waiting (prepare and num_ready read it)
     try:
         return await container.admission.admit(
-            prepared.target.model_version_id, waiter,
+            prepared.target.model_name, model_version_id, waiter,
             capacity=num_ready * settings.ADMISSION_SLOTS_PER_REPLICA,
-            headroom=num_ready * settings.ADMISSION_HEADROOM_SLOTS_PER_REPLICA)
+            headroom=num_ready * settings.ADMISSION_HEADROOM_SLOTS_PER_REPLICA,
+            refresh=capacity if cold else None)
     except QueueFull:
         raise ServiceUnavailable(
             f"'{prepared.target.model_name}' is at capacity and its queue is full; retry later.",
@@ -181,13 +200,27 @@ async def generate(container: Container, prepared: Prepared) -> AsyncIterator[De
         await asyncio.shield(_finish(container, current, progress, result, slot))
 
 
+async def _report(outcome) -> None:
+    """Tell the router how a replica did (circuit, prefix index, counters): a Redis hiccup
+    there must not fail a request the replica is serving."""
+    try:
+        await outcome
+    except Exception:  # noqa: BLE001
+        logger.exception("routing outcome not recorded")
+
+
 async def _stream(container: Container, prepared: Prepared, progress: _Progress,
                   tried: set[int]) -> AsyncIterator[Delta]:
     """Stream from a ready replica of `prepared.target` until the final chunk (in
-    `progress.final`); a replica failing before the first token is retried on another."""
-    route = RouteRequest(prepared.principal.tenant_id, len(prepared.prompt_token_ids),
-                         prepared.max_tokens)
+    `progress.final`); a replica failing before the first token is retried on another (at most
+    ROUTER_MAX_ATTEMPTS); each outcome is reported to the router (circuit, prefix index)."""
+    clock = container.clock
     request = replica_request(prepared)
+    route = RouteRequest(prepared.principal.tenant_id, len(prepared.prompt_token_ids),
+                         prepared.max_tokens,
+                         block_hashes=prompt_block_hashes(prepared.prompt_token_ids,
+                                                          request.cache_salt,
+                                                          settings.ROUTER_PREFIX_MAX_BLOCKS))
     while True:
         try:
             lease = await container.router.acquire(
@@ -203,6 +236,7 @@ async def _stream(container: Container, prepared: Prepared, progress: _Progress,
                 headers={"Retry-After": str(settings.NO_REPLICA_RETRY_AFTER_SECONDS)},
             ) from None
         tried.add(lease.replica.replica_id)
+        await release_db_connection()  # not held while streaming
         progress.replica_id = lease.replica.replica_id
         try:
             async with aclosing(
@@ -211,8 +245,9 @@ async def _stream(container: Container, prepared: Prepared, progress: _Progress,
                 async for chunk in chunks:
                     progress.last = chunk
                     if progress.first_token_at is None:
-                        progress.first_token_at = container.clock()
+                        progress.first_token_at = clock()
                         await lease.release_prompt()
+                        await _report(container.router.first_token(lease))
                     if chunk.text:
                         progress.deltas.append(chunk.text)
                         yield Delta(chunk.text)
@@ -223,11 +258,16 @@ async def _stream(container: Container, prepared: Prepared, progress: _Progress,
             progress.status = UsageRecord.Status.REJECTED
             raise InvalidRequest(str(exc) or "The replica refused the request.") from exc
         except (ReplicaUnavailable, ReplicaStreamError) as exc:
-            if progress.first_token_at is not None:
+            started = progress.first_token_at is not None
+            retrying = not started and len(tried) < settings.ROUTER_MAX_ATTEMPTS
+            await asyncio.shield(_report(container.router.failed(
+                lease, before_first_token=not started, retrying=retrying)))
+            if started:
+                # The usage row records it: status failed, the tokens streamed so far.
                 raise ReplicaFailed(f"The replica failed mid-stream: {exc}") from exc
             logger.warning("replica %s failed before the first token: %s",
                            lease.replica.grpc_address, exc)
-            if len(tried) >= settings.ROUTER_MAX_ATTEMPTS:
+            if not retrying:
                 raise ReplicaFailed("The replicas failed before the first token; retry later.",
                                     headers={"Retry-After": "1"}) from exc
             continue
@@ -235,6 +275,9 @@ async def _stream(container: Container, prepared: Prepared, progress: _Progress,
             await asyncio.shield(lease.release())
         if progress.final is None:
             raise ReplicaFailed("The replica ended the stream without a final response.")
+        await _report(container.router.finished(
+            lease, progress.final.num_input_tokens or len(prepared.prompt_token_ids),
+            progress.final.num_cached_tokens))
         return
 
 

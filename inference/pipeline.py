@@ -21,7 +21,7 @@ from inference.errors import (
     Unauthorized,
 )
 from inference.idempotency import Claim, Replay, fingerprint, validate_key
-from inference.quota import Charge, admit
+from inference.quota import Charge, admit, current_headers
 from inference.schemas import GenerationRequest, parse_request
 from models_registry.rollouts.fallbacks import FAILED, UNAVAILABLE
 from models_registry.selectors import ServingVersion
@@ -50,11 +50,16 @@ class Prepared:
     fallback: ServingVersion | None = None
     rollout_id: int | None = None
 
+    @property
+    def quota_headers(self) -> dict[str, str]:
+        return self.charge.headers
+
 
 @dataclass(frozen=True)
 class Replayed:
     request: GenerationRequest
     result: dict
+    quota_headers: dict[str, str]  # the buckets as they are: a replay charges nothing
 
 
 async def authenticate_header(container: Container, authorization: str | None) -> Principal:
@@ -120,6 +125,18 @@ def _max_tokens(request: GenerationRequest, num_prompt_tokens: int, context_leng
     return asked
 
 
+async def quota_headers_for(container: Container, authorization: str | None) -> dict[str, str]:
+    """The x-ratelimit-* headers for a refusal raised before the bucket check: the tenant's
+    buckets as they are, nothing charged. Empty when the key does not authenticate (or Redis
+    fails: the refusal itself must still go out)."""
+    try:
+        principal = await authenticate_header(container, authorization)
+        limits = await container.limits.get(principal.tenant_id)
+        return await current_headers(container.buckets, limits)
+    except Exception:  # noqa: BLE001 - headers are best effort on an error reply
+        return {}
+
+
 async def record_fallback(container: Container, rollout_id: int, reason: str) -> None:
     try:
         await container.fallbacks.record(rollout_id, reason)
@@ -168,6 +185,15 @@ async def prepare(container: Container, endpoint: str, authorization: str | None
     `conversation_id` (the X-Conversation-Id header) keeps a conversation on one version
     while a canary rollout runs."""
     principal = await authenticate_header(container, authorization)
+    return await prepare_as(container, endpoint, principal, body, idempotency_key,
+                            conversation_id)
+
+
+async def prepare_as(container: Container, endpoint: str, principal: Principal,
+                     body: object, idempotency_key: str | None,
+                     conversation_id: str | None = None) -> Prepared | Replayed:
+    """`prepare` for a principal already authenticated some other way (the dashboard's
+    playground: a logged-in member of the tenant). Same refusals, minus the 401s."""
     request = parse_request(endpoint, body)
     stable = await container.catalog.get(request.model, principal.tenant_id)
     if stable is None:
@@ -190,7 +216,9 @@ async def prepare(container: Container, endpoint: str, authorization: str | None
         outcome = await container.idempotency.begin(
             principal.tenant_id, validate_key(idempotency_key), fingerprint(endpoint, body))
         if isinstance(outcome, Replay):
-            return Replayed(request=request, result=outcome.result)
+            limits = await container.limits.get(principal.tenant_id)
+            return Replayed(request=request, result=outcome.result,
+                            quota_headers=await current_headers(container.buckets, limits))
         claim = outcome
     try:
         limits = await container.limits.get(principal.tenant_id)
