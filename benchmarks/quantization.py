@@ -92,9 +92,12 @@ def decode_tokens_per_s(engine: LLMEngine, batch: int, context_len: int, steps: 
 def prefill_tokens_per_s(engine: LLMEngine, num_prompts: int, length: int, seed: int) -> dict:
     rng = random.Random(seed + 1)
     vocab = engine.model_config.vocab_size
-    prompts = [[rng.randrange(100, vocab - 100) for _ in range(length)] for _ in range(num_prompts)]
+    prompts = [[rng.randrange(100, vocab - 100) for _ in range(length)] for _ in range(num_prompts + 1)]
+    params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
+    engine.generate(prompts[:1], params)  # warm-up: oneDNN builds its kernels for these shapes once
+    prompts = prompts[1:]
     start = time.perf_counter()
-    engine.generate(prompts, SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True))
+    engine.generate(prompts, params)
     elapsed = time.perf_counter() - start
     return {"prompts": num_prompts, "prompt_len": length, "tokens_per_s": num_prompts * length / elapsed,
             "seconds": elapsed}
