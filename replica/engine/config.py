@@ -24,8 +24,8 @@ def normalize_quantization(name: str | None) -> str:
         return INT8
     if value == INT4:
         raise QuantizationNotBuilt(
-            "int4 weights are not built: PyTorch's int4 CPU kernel measured slower than the int8 one at "
-            "every batch size (README, 'Quantised versions'); use int8 or none")
+            "int4 weights are not built: PyTorch's int4 CPU kernel measured slower than the int8 one for "
+            "decode and no faster for batches (README, 'Quantised versions'); use int8 or none")
     raise ValueError(f"unknown quantization {name!r}; use one of {', '.join(BUILT)} (int4 is not built)")
 
 
