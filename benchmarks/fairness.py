@@ -12,6 +12,9 @@ phases of `--phase-s` seconds, open loop (requests are sent on a clock, not afte
 Reports B's p99 TTFT in phase 3 / phase 1 (`victim_slowdown`, target <= 1.5), A's output
 tokens/s in phase 3 as a share of the capacity B left idle (`a_idle_share`: work
 conservation), and how many of each tenant's requests were refused (503) or failed.
+`a_overloads` says whether A alone asked for more than the replica served (A's requests
+refused or waiting); without that the burst measures nothing, so `--max-tokens` defaults to 32
+(A asks ~160 output tokens/s; the replica serves ~80-90 here).
 """
 from __future__ import annotations
 
@@ -144,6 +147,8 @@ async def measure(base_url: str, keys: dict, args) -> dict:
         "victim_slowdown": round(both["B"]["ttft_p99_ms"] / b_alone["B"]["ttft_p99_ms"], 3),
         "a_idle_share": round(both["A"]["output_tokens_per_s"] / idle, 3),
         "capacity_tokens_per_s": capacity,
+        "a_demand_tokens_per_s": 10 * args.b_rate * args.max_tokens,
+        "a_overloads": a_alone["A"]["refused_503"] > 0,
         "b_alone": b_alone["B"], "a_alone": a_alone["A"], "both": both,
     }
 
@@ -185,6 +190,7 @@ def run(args) -> dict:
         "victim_slowdown_fairness_off": result["unfair"]["victim_slowdown"],
         "a_idle_share": result["fair"]["a_idle_share"],
         "a_idle_share_fairness_off": result["unfair"]["a_idle_share"],
+        "a_overloads": result["fair"]["a_overloads"] and result["unfair"]["a_overloads"],
         "targets": {"victim_slowdown": "<= 1.5"},
         "settings": {"b_rate_per_s": args.b_rate, "a_rate_per_s": 10 * args.b_rate,
                      "phase_s": args.phase_s, "max_tokens": args.max_tokens,
@@ -199,7 +205,7 @@ def main() -> None:
     parser.add_argument("--out", default=None)
     parser.add_argument("--b-rate", type=float, default=0.5, help="B's requests/s")
     parser.add_argument("--phase-s", type=float, default=20.0)
-    parser.add_argument("--max-tokens", type=int, default=8)
+    parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--slots", type=int, default=4, help="admission slots per replica")
     parser.add_argument("--headroom", type=int, default=1,
                         help="extra slots per replica for tenants with nothing running")
@@ -207,7 +213,7 @@ def main() -> None:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "llm_platform.settings")
     result = run(args)
     for key in ("victim_slowdown", "victim_slowdown_fairness_off", "a_idle_share",
-                "a_idle_share_fairness_off"):
+                "a_idle_share_fairness_off", "a_overloads"):
         print(f"{key:30s} {result[key]}")
     print(json.dumps({k: result[k] for k in ("fair", "unfair")}, indent=1))
     if args.out:

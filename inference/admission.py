@@ -1,39 +1,53 @@
-"""The admission queue: per model version, bounded, shared by every platform process in Redis.
+"""The admission queue: per model, bounded, shared by every platform process in Redis.
 
-A request takes one of the model version's slots (ready replicas x slots per replica) before
-it is routed. When none is free it waits in the queue; whenever a slot frees (or a waiter
-polls) the Lua `pump` hands free slots to the best waiters: highest tier (lowest priority
-value) first, then the policy's order within the tier. `FairShare` serves the tenant with the
-least virtual tokens served (weighted prompt + max_tokens); a tenant that returns after idling
-is caught up to the virtual clock so idle time banks no credit. `Fifo` is arrival order (the
-"fairness off" baseline of benchmarks/fairness.py). Beyond the capacity, `headroom` slots go
-only to tenants with nothing running: a tenant arriving behind another's burst starts at once
-instead of waiting for one of the burst's requests to finish (the engine then shares its steps
-fairly); the total in flight stays bounded by capacity + headroom.
+A request takes one of its model version's slots (ready replicas x slots per replica) before it
+is routed. All versions of a model (a canary split, say) share one queue: one bound, one
+fair-share clock. When its version has no free slot a request waits; whenever a slot frees, the
+Lua `pump` hands free slots to the best waiters that can use them: highest tier (lowest
+priority value) first, then the policy's order within the tier, skipping only waiters whose
+version is still full (a slot freed on one version goes to the best waiter for that version).
+`FairShare` serves the tenant with the least virtual tokens served (weighted prompt +
+max_tokens); a tenant that returns after idling is caught up to the virtual clock so idle time
+banks no credit. `Fifo` is arrival order (the "fairness off" baseline of
+benchmarks/fairness.py). Beyond a version's capacity, `headroom` slots go only to tenants with
+nothing running on the model: a tenant arriving behind another's burst starts at once instead
+of waiting for one of the burst's requests to finish; in flight stays bounded by capacity +
+headroom.
 
-Invariants: work-conserving (a slot is never idle while a live waiter exists: every enter,
-poll and release pumps); at most `max_queue` waiters; a waiter that stops polling (process
-died) is dropped after `heartbeat_ms`, a slot held by a dead process expires after `slot_ttl_ms`.
+Waiting is by notification, not polling: the pump pushes to the admitted waiter's wake list and
+the waiter blocks on it (BLPOP). A wake-up can be lost (a dropped connection); the waiter then
+polls after `fallback_poll_s`, which also refreshes its heartbeat.
+
+Invariants: work-conserving (a slot is never idle while a live waiter for its version exists:
+every enter, release and fallback poll with free slots pumps); at most `max_queue` waiters per
+model; a waiter that stops polling (process died) is dropped after `heartbeat_s`, a slot held by
+a dead process expires after `slot_ttl_s`. Tickets are `tenant:version:uuid` (the pump reads
+tenant and version from them), so tenant names must not contain ':'.
 """
 from __future__ import annotations
 
 import asyncio
 import uuid
 from dataclasses import dataclass
-from typing import Callable
+from typing import Awaitable, Callable
 
 # Wait-time histogram bounds (ms); the last bucket is +Inf.
 WAIT_BUCKETS_MS = (10, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000)
 
+# KEYS: waiting (hash ticket -> waiter JSON), running (zset ticket -> expiry ms), vtime (hash
+# tenant -> virtual tokens served, '__clock'), stats (hash), capacity (hash version ->
+# 'capacity:headroom', as last reported by a caller). ARGV[1..3] of every script: now_ms,
+# slot_ttl_ms, wake-list key prefix (the wake list of a ticket is prefix .. ticket).
 _COMMON = """
-local K_WAIT, K_RUN, K_VT, K_HIST = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local K_WAIT, K_RUN, K_VT, K_HIST, K_CAP = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local NOW, SLOT_TTL, WAKE = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3]
+local WAKE_TTL = 60000
 local BUCKETS = {%(buckets)s}
-local function purge(now)
-  redis.call('ZREMRANGEBYSCORE', K_RUN, '-inf', now)
+local function purge()
+  redis.call('ZREMRANGEBYSCORE', K_RUN, '-inf', NOW)
   local all = redis.call('HGETALL', K_WAIT)
   for i = 1, #all, 2 do
-    local w = cjson.decode(all[i + 1])
-    if w.hb < now then
+    if cjson.decode(all[i + 1]).hb < NOW then
       redis.call('HDEL', K_WAIT, all[i])
       redis.call('HINCRBY', K_HIST, 'expired', 1)
     end
@@ -48,45 +62,63 @@ local function record_wait(ms)
 end
 local function vt(tenant) return tonumber(redis.call('HGET', K_VT, tenant) or '0') end
 %(pick)s
-local function running_tenants()
-  local busy = {}
-  for _, ticket in ipairs(redis.call('ZRANGE', K_RUN, 0, -1)) do
-    busy[string.match(ticket, '^([^:]*):')] = true
+local function capacities()
+  local caps, total = {}, 0
+  local raw = redis.call('HGETALL', K_CAP)
+  for i = 1, #raw, 2 do
+    local c, h = string.match(raw[i + 1], '^(%%d+):(%%d+)$')
+    caps[raw[i]] = {tonumber(c), tonumber(h)}
+    total = total + tonumber(c) + tonumber(h)
   end
-  return busy
+  return caps, total
 end
--- Hands out slots: `capacity` to the best waiters, then up to `headroom` more, only to waiters
--- whose tenant has nothing running (so a tenant arriving behind another's burst starts now).
-local function pump(now, capacity, headroom, slot_ttl)
-  purge(now)  -- a dead waiter must never be handed a slot
+-- Hands out free slots, best eligible waiter first. A waiter is eligible when its version has
+-- a free slot within capacity, or one of the headroom slots and its tenant runs nothing.
+local function pump()
+  purge()  -- a dead waiter must never be handed a slot
+  local caps = capacities()
+  local running, busy = {}, {}
+  for _, ticket in ipairs(redis.call('ZRANGE', K_RUN, 0, -1)) do
+    local tenant, version = string.match(ticket, '^([^:]*):([^:]*):')
+    running[version] = (running[version] or 0) + 1
+    busy[tenant] = true
+  end
+  local waiters = {}
+  local all = redis.call('HGETALL', K_WAIT)
+  for i = 1, #all, 2 do waiters[#waiters + 1] = {all[i], cjson.decode(all[i + 1])} end
   while true do
-    local num_running = redis.call('ZCARD', K_RUN)
-    if num_running >= capacity + headroom then return end
-    local all = redis.call('HGETALL', K_WAIT)
-    if #all == 0 then return end
-    local busy = nil
-    if num_running >= capacity then busy = running_tenants() end
-    local best, best_key, best_w = nil, nil, nil
-    for i = 1, #all, 2 do
-      local w = cjson.decode(all[i + 1])
-      local key = sort_key(w)
-      local better = best == nil
-      if busy ~= nil and busy[w.tenant] then better = false key = nil end
-      if not better and key ~= nil then
-        for j = 1, #key do
-          if key[j] ~= best_key[j] then better = key[j] < best_key[j] break end
+    local best_i, best_key = nil, nil
+    for i, entry in ipairs(waiters) do
+      local w = entry and entry[2]
+      local cap = w and caps[w.v]
+      if cap then
+        local n = running[w.v] or 0
+        if n < cap[1] or (n < cap[1] + cap[2] and not busy[w.tenant]) then
+          local key = sort_key(w)
+          local better = best_i == nil
+          if not better then
+            for j = 1, #key do
+              if key[j] ~= best_key[j] then better = key[j] < best_key[j] break end
+            end
+          end
+          if better then best_i, best_key = i, key end
         end
       end
-      if better then best, best_key, best_w = all[i], key, w end
     end
-    if best == nil then return end
-    redis.call('HDEL', K_WAIT, best)
-    redis.call('ZADD', K_RUN, now + slot_ttl, best)
-    local served = vt(best_w.tenant)
+    if best_i == nil then return end
+    local ticket, w = waiters[best_i][1], waiters[best_i][2]
+    waiters[best_i] = false
+    redis.call('HDEL', K_WAIT, ticket)
+    redis.call('ZADD', K_RUN, NOW + SLOT_TTL, ticket)
+    running[w.v] = (running[w.v] or 0) + 1
+    busy[w.tenant] = true
+    local served = vt(w.tenant)
     local clock = tonumber(redis.call('HGET', K_VT, '__clock') or '0')
     if served > clock then redis.call('HSET', K_VT, '__clock', served) end
-    redis.call('HSET', K_VT, best_w.tenant, served + best_w.cost)
-    record_wait(now - best_w.at)
+    redis.call('HSET', K_VT, w.tenant, served + w.cost)
+    record_wait(NOW - w.at)
+    redis.call('RPUSH', WAKE .. ticket, 1)
+    redis.call('PEXPIRE', WAKE .. ticket, WAKE_TTL)
   end
 end
 """
@@ -98,18 +130,13 @@ _FIFO_PICK = """
 local function sort_key(w) return {w.priority, w.seq} end
 """
 
-# ARGV: now, ticket, priority, tenant, cost, capacity, max_queue, heartbeat_ms, slot_ttl_ms,
-# headroom. Returns 1 admitted, 0 queued, -1 queue full.
+# ARGV[4..]: ticket, priority, tenant, cost, version, capacity, headroom, max_queue,
+# heartbeat_ms. Returns 1 admitted, 0 queued, -1 queue full.
 _ENTER = """
-local now, ticket = tonumber(ARGV[1]), ARGV[2]
-local capacity, max_queue = tonumber(ARGV[6]), tonumber(ARGV[7])
-local hb_ms, slot_ttl, headroom = tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10])
-purge(now)
-if redis.call('HLEN', K_WAIT) >= max_queue and redis.call('ZCARD', K_RUN) >= capacity then
-  redis.call('HINCRBY', K_HIST, 'rejected_full', 1)
-  return -1
-end
-local tenant = ARGV[4]
+local ticket, tenant, version = ARGV[4], ARGV[6], ARGV[8]
+local max_queue, hb_ms = tonumber(ARGV[11]), tonumber(ARGV[12])
+redis.call('HSET', K_CAP, version, ARGV[9] .. ':' .. ARGV[10])
+purge()
 local backlogged = false
 for _, raw in ipairs(redis.call('HVALS', K_WAIT)) do
   if cjson.decode(raw).tenant == tenant then backlogged = true break end
@@ -119,44 +146,69 @@ if not backlogged then  -- returning tenant: no credit for the time it was idle
   if vt(tenant) < clock then redis.call('HSET', K_VT, tenant, clock) end
 end
 local seq = redis.call('HINCRBY', K_HIST, 'seq', 1)
-redis.call('HSET', K_WAIT, ticket, cjson.encode({priority = tonumber(ARGV[3]), tenant = tenant,
-  cost = tonumber(ARGV[5]), seq = seq, at = now, hb = now + hb_ms}))
-pump(now, capacity, headroom, slot_ttl)
-if redis.call('ZSCORE', K_RUN, ticket) then return 1 end
-return 0
-"""
-
-# ARGV: now, ticket, capacity, heartbeat_ms, slot_ttl_ms, headroom. Returns 1 admitted, 0 waiting,
-# -2 unknown (expired).
-_POLL = """
-local now, ticket, capacity = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3])
-local hb_ms, slot_ttl, headroom = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
-if redis.call('ZSCORE', K_RUN, ticket) then return 1 end
-local raw = redis.call('HGET', K_WAIT, ticket)
-if not raw then return -2 end
-local w = cjson.decode(raw)
-w.hb = now + hb_ms
-redis.call('HSET', K_WAIT, ticket, cjson.encode(w))
--- Releases pump, so a poll only has to when slots are free (a slot expired, capacity grew):
--- the common poll is O(1), not a scan of the queue.
-if redis.call('ZCARD', K_RUN) < capacity + headroom then
-  pump(now, capacity, headroom, slot_ttl)
-  if redis.call('ZSCORE', K_RUN, ticket) then return 1 end
+redis.call('HINCRBY', K_HIST, 'seq:' .. version, 1)
+redis.call('HSET', K_WAIT, ticket, cjson.encode({priority = tonumber(ARGV[5]), tenant = tenant,
+  cost = tonumber(ARGV[7]), v = version, seq = seq, at = NOW, hb = NOW + hb_ms}))
+pump()
+if redis.call('ZSCORE', K_RUN, ticket) then
+  redis.call('DEL', WAKE .. ticket)
+  return 1
+end
+if redis.call('HLEN', K_WAIT) > max_queue then  -- it would have to wait, and there is no room
+  redis.call('HDEL', K_WAIT, ticket)
+  redis.call('HINCRBY', K_HIST, 'rejected_full', 1)
+  redis.call('HINCRBY', K_HIST, 'rejected_full:' .. version, 1)
+  return -1
 end
 return 0
 """
 
-# ARGV: now, ticket, capacity, slot_ttl_ms, reason ('' = release), headroom. Leaves the queue
-# or frees the slot, then hands free slots to waiters.
+# ARGV[4..]: ticket, version, capacity, headroom, heartbeat_ms. Returns 1 admitted, 0 waiting,
+# -2 unknown (expired). The fallback for lost wake-ups; also the waiter's heartbeat.
+_POLL = """
+local ticket, version, hb_ms = ARGV[4], ARGV[5], tonumber(ARGV[8])
+redis.call('HSET', K_CAP, version, ARGV[6] .. ':' .. ARGV[7])
+if redis.call('ZSCORE', K_RUN, ticket) then
+  redis.call('DEL', WAKE .. ticket)
+  return 1
+end
+local raw = redis.call('HGET', K_WAIT, ticket)
+if not raw then return -2 end
+local w = cjson.decode(raw)
+w.hb = NOW + hb_ms
+redis.call('HSET', K_WAIT, ticket, cjson.encode(w))
+-- Releases pump, so a poll only has to when slots are free (a slot expired, capacity grew).
+local _, total = capacities()
+if redis.call('ZCARD', K_RUN) < total then
+  pump()
+  if redis.call('ZSCORE', K_RUN, ticket) then
+    redis.call('DEL', WAKE .. ticket)
+    return 1
+  end
+end
+return 0
+"""
+
+# ARGV[4..]: ticket, reason ('' = release). Leaves the queue or frees the slot, then hands
+# free slots to waiters.
 _LEAVE = """
-local now, ticket, capacity, slot_ttl = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
-local headroom = tonumber(ARGV[6])
+local ticket = ARGV[4]
 redis.call('HDEL', K_WAIT, ticket)
 redis.call('ZREM', K_RUN, ticket)
+redis.call('DEL', WAKE .. ticket)
 if ARGV[5] ~= '' then redis.call('HINCRBY', K_HIST, 'rejected_' .. ARGV[5], 1) end
-pump(now, capacity, headroom, slot_ttl)
+pump()
 return 1
 """
+
+
+def queue_keys(key_prefix: str, model: str) -> list[str]:
+    """waiting (hash), running (sorted set), virtual time (hash), stats (hash: `seq` counts
+    every request that entered, `rejected_full` those refused at the door, and the same per
+    version as `seq:<version id>` / `rejected_full:<version id>`), capacity (hash)."""
+    base = f"{key_prefix}admission:{model}"
+    return [f"{base}:waiting", f"{base}:running", f"{base}:vtime", f"{base}:stats",
+            f"{base}:capacity"]
 
 
 class QueueFull(Exception):
@@ -169,7 +221,7 @@ class QueueTimeout(Exception):
 
 @dataclass(frozen=True)
 class Waiter:
-    tenant: str
+    tenant: str  # no ':'
     priority: int  # lower first
     cost_tokens: int  # what the fair-share counter is charged when admitted
     max_wait_s: float
@@ -198,78 +250,94 @@ ADMISSION_POLICIES: dict[str, type[AdmissionPolicy]] = {p.name: p for p in (Fair
 @dataclass
 class Slot:
     queue: "AdmissionQueue"
+    model: str
     model_version_id: int
     ticket: str
-    capacity: int
-    headroom: int
     waited_s: float
 
     async def release(self) -> None:
-        await self.queue.leave(self.model_version_id, self.ticket, self.capacity, self.headroom)
+        await self.queue.leave(self.model, self.ticket)
 
 
 class AdmissionQueue:
-    """`redis`: asyncio client; `clock`: wall-clock seconds (compared across processes);
-    `sleep`: injected for tests."""
+    """`redis`: asyncio client; `clock`: wall-clock seconds (compared across processes).
+    `fallback_poll_s`: how long a waiter blocks on its wake list before it polls (must stay
+    below `heartbeat_s`)."""
 
     def __init__(self, redis, key_prefix: str, clock: Callable[[], float],
                  policy: AdmissionPolicy, max_queue: int, heartbeat_s: float = 5.0,
-                 slot_ttl_s: float = 900.0, poll_s: float = 0.02, sleep=asyncio.sleep):
+                 slot_ttl_s: float = 900.0, fallback_poll_s: float = 1.0):
+        if not 0 < fallback_poll_s < heartbeat_s:
+            raise ValueError("fallback_poll_s must be positive and below heartbeat_s")
         self._redis = redis
         self._prefix = key_prefix
         self._clock = clock
         self._max_queue = max_queue
         self._heartbeat_ms = int(heartbeat_s * 1000)
         self._slot_ttl_ms = int(slot_ttl_s * 1000)
-        self._poll_s = poll_s
-        self._sleep = sleep
+        self._fallback_poll_s = fallback_poll_s
         common = _COMMON % {"buckets": ", ".join(map(str, WAIT_BUCKETS_MS)),
                             "pick": policy.pick_lua}
         self._enter = redis.register_script(common + _ENTER)
         self._poll = redis.register_script(common + _POLL)
         self._leave = redis.register_script(common + _LEAVE)
 
-    def keys(self, model_version_id: int) -> list[str]:
-        base = f"{self._prefix}admission:{model_version_id}"
-        return [f"{base}:waiting", f"{base}:running", f"{base}:vtime", f"{base}:stats"]
+    def keys(self, model: str) -> list[str]:
+        return queue_keys(self._prefix, model)
 
     def models_key(self) -> str:
         return f"{self._prefix}admission:models"
 
-    def _now_ms(self) -> int:
-        return int(self._clock() * 1000)
+    def _wake_prefix(self, model: str) -> str:
+        return f"{self._prefix}admission:{model}:wake:"
 
-    async def admit(self, model_version_id: int, waiter: Waiter, capacity: int,
-                    headroom: int = 0) -> Slot:
-        """A slot, at once or after waiting; QueueFull / QueueTimeout otherwise. Cancelling
-        the caller while it waits leaves the queue. `headroom`: slots beyond `capacity` only
-        for tenants with nothing running."""
-        ticket = f"{waiter.tenant}:{uuid.uuid4().hex}"  # the pump reads the tenant from it
-        keys = self.keys(model_version_id)
+    def _common_args(self, model: str) -> list:
+        return [int(self._clock() * 1000), self._slot_ttl_ms, self._wake_prefix(model)]
+
+    async def admit(self, model: str, model_version_id: int, waiter: Waiter, capacity: int,
+                    headroom: int = 0,
+                    refresh: Callable[[], Awaitable[tuple[int, int]]] | None = None) -> Slot:
+        """A slot of `model_version_id` (one of `model`'s versions, which has `capacity`
+        slots), at once or after waiting; QueueFull / QueueTimeout otherwise. Cancelling the
+        caller while it waits leaves the queue. `headroom`: slots beyond `capacity` only for
+        tenants with nothing running. `refresh`: re-reads (capacity, headroom) before each
+        poll, for a version whose capacity is growing (its first replica is loading; no release
+        wakes such a waiter, so it finds the new capacity on its fallback poll)."""
+        ticket = f"{waiter.tenant}:{model_version_id}:{uuid.uuid4().hex}"
+        keys = self.keys(model)
         started = self._clock()
-        await self._redis.sadd(self.models_key(), str(model_version_id))
+        await self._redis.sadd(self.models_key(), model)
         state = int(await self._enter(keys=keys, args=[
-            self._now_ms(), ticket, waiter.priority, waiter.tenant, waiter.cost_tokens,
-            capacity, self._max_queue, self._heartbeat_ms, self._slot_ttl_ms, headroom]))
+            *self._common_args(model), ticket, waiter.priority, waiter.tenant,
+            waiter.cost_tokens, model_version_id, capacity, headroom, self._max_queue,
+            self._heartbeat_ms]))
         if state == -1:
             raise QueueFull()
         try:
             while state != 1:
-                if self._clock() - started >= waiter.max_wait_s:
-                    await self.leave(model_version_id, ticket, capacity, headroom, "timeout")
+                remaining = waiter.max_wait_s - (self._clock() - started)
+                if remaining <= 0:
+                    await self.leave(model, ticket, "timeout")
                     raise QueueTimeout()
-                await self._sleep(self._poll_s)
+                await self.wait_for_wake(model, ticket, min(self._fallback_poll_s, remaining))
+                if refresh is not None:
+                    capacity, headroom = await refresh()
                 state = int(await self._poll(keys=keys, args=[
-                    self._now_ms(), ticket, capacity, self._heartbeat_ms, self._slot_ttl_ms,
-                    headroom]))
+                    *self._common_args(model), ticket, model_version_id, capacity, headroom,
+                    self._heartbeat_ms]))
                 if state == -2:
                     raise QueueTimeout()
         except asyncio.CancelledError:
-            await asyncio.shield(self.leave(model_version_id, ticket, capacity, headroom))
+            await asyncio.shield(self.leave(model, ticket))
             raise
-        return Slot(self, model_version_id, ticket, capacity, headroom, self._clock() - started)
+        return Slot(self, model, model_version_id, ticket, self._clock() - started)
 
-    async def leave(self, model_version_id: int, ticket: str, capacity: int, headroom: int = 0,
-                    reason: str = "") -> None:
-        await self._leave(keys=self.keys(model_version_id), args=[
-            self._now_ms(), ticket, capacity, self._slot_ttl_ms, reason, headroom])
+    async def wait_for_wake(self, model: str, ticket: str, timeout_s: float) -> bool:
+        """Block until the pump pushes to this ticket's wake list, or `timeout_s` passes."""
+        popped = await self._redis.blpop([self._wake_prefix(model) + ticket],
+                                         timeout=max(0.001, round(timeout_s, 3)))
+        return popped is not None
+
+    async def leave(self, model: str, ticket: str, reason: str = "") -> None:
+        await self._leave(keys=self.keys(model), args=[
+            *self._common_args(model), ticket, reason])

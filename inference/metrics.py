@@ -1,6 +1,6 @@
 """Prometheus text for the platform's shared state: admission queue depth, slots in use,
-wait-time histogram and refusals per model version (all read from Redis, so any process's
-/metrics shows the whole fleet's platform side)."""
+wait-time histogram and refusals per model (the admission queue is per model; all read from
+Redis, so any process's /metrics shows the whole fleet's platform side)."""
 from __future__ import annotations
 
 from inference.admission import WAIT_BUCKETS_MS, AdmissionQueue
@@ -17,10 +17,10 @@ async def admission_metrics(redis, queue: AdmissionQueue) -> str:
         "# HELP llmp_admission_rejected_total Requests refused with 503 (full, timeout).",
         "# TYPE llmp_admission_rejected_total counter",
     ]
-    model_version_ids = sorted(int(m) for m in await redis.smembers(queue.models_key()))
-    for mv in model_version_ids:
-        waiting, running, _, stats_key = queue.keys(mv)
-        label = f'model_version="{mv}"'
+    models = sorted(m.decode() for m in await redis.smembers(queue.models_key()))
+    for model in models:
+        waiting, running, _, stats_key, _ = queue.keys(model)
+        label = f'model="{model}"'
         depth = await redis.hlen(waiting)
         in_use = await redis.zcard(running)
         stats = {k.decode(): v.decode() for k, v in (await redis.hgetall(stats_key)).items()}

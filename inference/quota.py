@@ -3,6 +3,7 @@
 The estimate is prompt tokens + max_tokens. `admit` charges it to the tenant's buckets or
 raises 429 (Retry-After: whole seconds until this request would fit) or 400 (the estimate can
 never fit the token bucket). `settle` corrects the tokens bucket with what the request used.
+`current_headers` reports the buckets without charging, for replies that never reach `admit`.
 """
 from __future__ import annotations
 
@@ -34,6 +35,11 @@ def rate_limit_headers(state: BucketState) -> dict[str, str]:
         "x-ratelimit-remaining-tokens": str(max(0, int(state.tokens_level))),
         "x-ratelimit-reset-tokens": format_duration(state.reset_tokens_s()),
     }
+
+
+async def current_headers(buckets: TokenBuckets, limits: Limits) -> dict[str, str]:
+    """The headers of a reply that charges nothing (a replay, a refusal before the check)."""
+    return rate_limit_headers(await buckets.peek(limits))
 
 
 @dataclass(frozen=True)

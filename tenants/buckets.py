@@ -71,9 +71,37 @@ return string.format('%.17g', level)
 """
 
 
+# KEYS: requests bucket, tokens bucket. ARGV: now_ms, req_per_min, req_burst, tok_per_min,
+# tok_burst. Returns both levels as of now; writes nothing (a read for the headers of replies
+# that charge nothing).
+PEEK_SCRIPT = _REFILL + """
+local now = tonumber(ARGV[1])
+local req = refill(KEYS[1], now, tonumber(ARGV[2]), tonumber(ARGV[3]))
+local tok = refill(KEYS[2], now, tonumber(ARGV[4]), tonumber(ARGV[5]))
+return {string.format('%.17g', req), string.format('%.17g', tok)}
+"""
+
+
+def bucket_keys(key_prefix: str, tenant_id: int) -> tuple[str, str]:
+    """The Redis hashes of a tenant's requests and tokens buckets."""
+    base = f"{key_prefix}bucket:{tenant_id}"
+    return f"{base}:requests", f"{base}:tokens"
+
+
+def level_now(stored_level: float | None, stored_ts_ms: int | None, now_ms: int,
+              per_minute: int, burst: int) -> float:
+    """A bucket's level at `now_ms`, refilled as the Lua script would (missing: full)."""
+    if stored_level is None or stored_ts_ms is None:
+        return float(burst)
+    if now_ms <= stored_ts_ms:
+        return stored_level
+    return min(float(burst), stored_level + (now_ms - stored_ts_ms) * per_minute / 60000.0)
+
+
 @dataclass(frozen=True)
 class BucketState:
-    """What the x-ratelimit-* headers report after a check."""
+    """What the x-ratelimit-* headers report after a check (or a peek: not admitted, no wait,
+    nothing charged)."""
 
     limits: Limits
     admitted: bool
@@ -106,10 +134,10 @@ class TokenBuckets:
         self._clock = clock
         self._check = redis.register_script(CHECK_SCRIPT)
         self._correct = redis.register_script(CORRECT_SCRIPT)
+        self._peek = redis.register_script(PEEK_SCRIPT)
 
     def keys(self, tenant_id: int) -> tuple[str, str]:
-        base = f"{self._prefix}bucket:{tenant_id}"
-        return f"{base}:requests", f"{base}:tokens"
+        return bucket_keys(self._prefix, tenant_id)
 
     def _now_ms(self) -> int:
         return int(self._clock() * 1000)
@@ -129,6 +157,14 @@ class TokenBuckets:
                   limits.tokens_per_minute, limits.token_burst, num_tokens, self._ttl_ms(limits)])
         return BucketState(limits, bool(int(admitted)), int(wait_ms), float(req_level),
                            float(tok_level))
+
+    async def peek(self, limits: Limits) -> BucketState:
+        """Both buckets' levels now, charging nothing."""
+        req_level, tok_level = await self._peek(
+            keys=list(self.keys(limits.tenant_id)),
+            args=[self._now_ms(), limits.requests_per_minute, limits.request_burst,
+                  limits.tokens_per_minute, limits.token_burst])
+        return BucketState(limits, False, 0, float(req_level), float(tok_level))
 
     async def correct(self, limits: Limits, delta_tokens: int) -> float:
         """Charge `delta_tokens` more (negative: refund); the level may go below zero."""

@@ -7,10 +7,12 @@ from django.http import JsonResponse, StreamingHttpResponse
 from inference.container import current_container
 from inference.errors import ApiError, PayloadTooLarge
 from inference.formats import FORMATS
-from inference.pipeline import Prepared, decode_body, prepare
+from inference.pipeline import decode_body, prepare, quota_headers_for
 from inference.relay import complete, open_events, sse_bytes
 from inference.views.errors import api_endpoint
 from inference.views.key_ratelimit import check_key_rate
+
+QUOTA_HEADER = "x-ratelimit-limit-requests"
 
 
 def _content_length(request) -> int:
@@ -21,19 +23,23 @@ def _content_length(request) -> int:
 
 
 async def _serve(request, endpoint: str):
-    if _content_length(request) > settings.API_MAX_BODY_BYTES:
-        raise PayloadTooLarge(f"The request body exceeds {settings.API_MAX_BODY_BYTES} bytes.")
-    await check_key_rate(request)
+    # Every reply to an authenticated request carries the x-ratelimit-* headers: the
+    # admission's (200 JSON or SSE, and the 503s after it), the check's (429), else the
+    # buckets as they are (a replay; a refusal before the check: 400, 404, 409, 413, 422).
     container = current_container()
-    outcome = await prepare(
-        container,
-        endpoint,
-        request.headers.get("Authorization"),
-        decode_body(request.body),
-        request.headers.get("Idempotency-Key"),
-    )
-    # The x-ratelimit-* headers of the admission go on every reply, refusals included.
-    quota_headers = outcome.charge.headers if isinstance(outcome, Prepared) else {}
+    authorization = request.headers.get("Authorization")
+    try:
+        if _content_length(request) > settings.API_MAX_BODY_BYTES:
+            raise PayloadTooLarge(f"The request body exceeds {settings.API_MAX_BODY_BYTES} bytes.")
+        await check_key_rate(request)
+        outcome = await prepare(container, endpoint, authorization, decode_body(request.body),
+                                request.headers.get("Idempotency-Key"),
+                                request.headers.get("X-Conversation-Id"))
+    except ApiError as exc:
+        if QUOTA_HEADER not in exc.headers:
+            exc.headers = {**await quota_headers_for(container, authorization), **exc.headers}
+        raise
+    quota_headers = outcome.quota_headers
     try:
         response = await _reply(container, outcome, FORMATS[endpoint]())
     except ApiError as exc:

@@ -6,6 +6,13 @@ priority (lower value first), then fair share (the tenant served the fewest weig
 then arrival. When blocks run out a running request is preempted by recompute: the victim is
 the lowest-priority, latest-arrived running request.
 
+Prefill isolation: a step that admits a request of a tenant with nothing running (an
+interactive user arriving while another tenant bursts) carries no new prefill of tenants that
+already run something: their waiting requests and their running prefill chunks wait one step
+(their decodes go on). The newcomer's first token then costs one short step, not a step
+swollen by the burst's prefills. Never two steps in a row, and only when the newcomer is
+actually admitted (else the deferred work runs at once), so nothing starves or idles.
+
 Invariants:
 - a request is in exactly one of `waiting`, `running`, or neither (finished);
 - every scheduled request has blocks for `num_computed_tokens + num_new_tokens`;
@@ -61,6 +68,7 @@ class Scheduler:
         self.tenant_served: dict[str, float] = {}
         self.num_preemptions = 0
         self.prefix_hit_tokens = 0
+        self._isolated_last_step = False
 
     # --- admission -------------------------------------------------------------------------
 
@@ -84,6 +92,9 @@ class Scheduler:
         budget = self.max_num_batched_tokens
         scheduled: dict[str, int] = {}
         preempted: list[str] = []
+        self.waiting.sort(key=self._waiting_key)
+        busy_tenants = self._isolation_tenants()
+        deferred: list[Request] = []  # running prefill chunks of busy tenants, held this step
 
         self.running.sort(key=_priority_key)
         i = 0
@@ -93,6 +104,10 @@ class Scheduler:
             if num_new <= 0:
                 i += 1
                 continue
+            if busy_tenants and request.num_computed_tokens < request.num_prompt_tokens:
+                deferred.append(request)
+                i += 1
+                continue
             while not self.kv.allocate(request, num_new):
                 victim = max(self.running, key=_priority_key)
                 if self.running.index(victim) < i:
@@ -100,6 +115,8 @@ class Scheduler:
                 budget += scheduled.pop(victim.request_id, 0)
                 self._preempt(victim)
                 preempted.append(victim.request_id)
+                if victim in deferred:
+                    deferred.remove(victim)
                 if victim is request:
                     break
             else:
@@ -107,11 +124,54 @@ class Scheduler:
                 budget -= num_new
                 i += 1
 
-        self.waiting.sort(key=self._waiting_key)
         # after a preemption the pool is under pressure: admit nothing new this step
-        under_pressure = bool(preempted)
-        while self.waiting and budget > 0 and not under_pressure:
-            request = self.waiting[0]
+        if not preempted:
+            admitted = self._admit_waiting(budget, scheduled, preempted, busy_tenants)
+            if busy_tenants and not any(r.tenant not in busy_tenants for r in admitted):
+                # The newcomer could not start: nothing to isolate, run the held-back work.
+                busy_tenants = set()
+                for request in deferred:
+                    budget = self.max_num_batched_tokens - sum(scheduled.values())
+                    num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+                    if num_new > 0 and request in self.running and self.kv.allocate(request, num_new):
+                        scheduled[request.request_id] = num_new
+                if not preempted:
+                    budget = self.max_num_batched_tokens - sum(scheduled.values())
+                    self._admit_waiting(budget, scheduled, preempted, set())
+        self._isolated_last_step = bool(busy_tenants)
+
+        batch = [(self.requests[rid], n) for rid, n in scheduled.items()]
+        return SchedulerOutput(
+            scheduled=batch,
+            block_tables={rid: self.kv.block_table(rid) for rid in scheduled},
+            num_batched_tokens=sum(scheduled.values()),
+            preempted_ids=preempted,
+        )
+
+    def _isolation_tenants(self) -> set[str]:
+        """The tenants whose new prefills wait this step (prefill isolation), or none."""
+        if self._isolated_last_step or not self.waiting or len(self.running) >= self.max_num_seqs:
+            return set()
+        busy = {r.tenant for r in self.running}
+        newcomers = [r for r in self.waiting if r.tenant not in busy]
+        if not busy or not newcomers:
+            return set()
+        # Only for a newcomer of the best waiting tier: batch work never holds back interactive.
+        if min(r.priority for r in newcomers) > self.waiting[0].priority:
+            return set()
+        return busy
+
+    def _admit_waiting(self, budget: int, scheduled: dict[str, int], preempted: list[str],
+                       skip_tenants: set[str]) -> list[Request]:
+        """Admit waiting requests in order (skipping `skip_tenants`) while budget, sequence
+        slots and blocks allow; returns the admitted requests."""
+        admitted: list[Request] = []
+        i = 0
+        while i < len(self.waiting) and budget > 0:
+            request = self.waiting[i]
+            if request.tenant in skip_tenants:
+                i += 1
+                continue
             if len(self.running) >= self.max_num_seqs:
                 if not self._make_room_for(request, scheduled, preempted):
                     break
@@ -129,19 +189,13 @@ class Scheduler:
             if request.num_preemptions == 0 and request.num_cached_tokens == 0:
                 request.num_cached_tokens = num_cached_tokens
             self.prefix_hit_tokens += num_cached_tokens
-            self.waiting.pop(0)
+            self.waiting.pop(i)
             request.status = RequestStatus.RUNNING
             self.running.append(request)
             scheduled[request.request_id] = num_new
             budget -= num_new
-
-        batch = [(self.requests[rid], n) for rid, n in scheduled.items()]
-        return SchedulerOutput(
-            scheduled=batch,
-            block_tables={rid: self.kv.block_table(rid) for rid in scheduled},
-            num_batched_tokens=sum(scheduled.values()),
-            preempted_ids=preempted,
-        )
+            admitted.append(request)
+        return admitted
 
     def _make_room_for(self, request: Request, scheduled: dict[str, int], preempted: list[str]) -> bool:
         """Preempt the worst running request if it ranks strictly below `request`."""

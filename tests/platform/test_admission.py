@@ -1,5 +1,7 @@
 """The admission queue on the real Redis: tier order, fair share within a tier (and FIFO for
-contrast), work conservation, the queue bound, the wait bound, cancellation, metrics."""
+contrast), work conservation, the queue bound, the wait bound, cancellation, metrics; one
+queue per model shared by its versions; waiters woken by notification (the fallback poll set
+far beyond the tests' time, so an admission in time proves the wake-up), lost wake-ups."""
 import asyncio
 import time
 import uuid
@@ -29,11 +31,18 @@ async def redis():
     await client.aclose()
 
 
-def make_queue(redis, policy=None, max_queue=100) -> AdmissionQueue:
+# Far beyond any wait in these tests: a waiter admitted in time was woken, not polled.
+NO_FALLBACK_S = 60.0
+
+
+def make_queue(redis, policy=None, max_queue=100, queue_class=AdmissionQueue,
+               **kwargs) -> AdmissionQueue:
     # A fresh prefix per test: its own counters and virtual clock.
     prefix = f"{settings.REDIS_KEY_PREFIX}{uuid.uuid4().hex[:6]}:"
-    return AdmissionQueue(redis, prefix, time.time, policy or FairShare(), max_queue=max_queue,
-                          poll_s=0.005)
+    kwargs.setdefault("heartbeat_s", 2 * NO_FALLBACK_S)
+    kwargs.setdefault("fallback_poll_s", NO_FALLBACK_S)
+    return queue_class(redis, prefix, time.time, policy or FairShare(), max_queue=max_queue,
+                       **kwargs)
 
 
 def waiter(tenant, priority=10, cost=10, max_wait_s=10.0) -> Waiter:
@@ -43,12 +52,12 @@ def waiter(tenant, priority=10, cost=10, max_wait_s=10.0) -> Waiter:
 async def admission_order(queue, waiters: list[tuple[str, Waiter]]) -> list[str]:
     """With one slot held, queue `waiters` in this order, then release slots one by one and
     return the names in the order they were admitted."""
-    holder = await queue.admit(1, waiter("holder"), capacity=1)
+    holder = await queue.admit("m", 1, waiter("holder"), capacity=1)
     order: list[str] = []
     slots = {}
 
     async def wait_for(name, w):
-        slots[name] = await queue.admit(1, w, capacity=1)
+        slots[name] = await queue.admit("m", 1, w, capacity=1)
         order.append(name)
 
     tasks = []
@@ -95,7 +104,7 @@ async def test_fifo_policy_is_arrival_order(redis):
 async def test_returning_tenant_gets_no_credit_for_idle_time(redis):
     queue = make_queue(redis)
     for _ in range(5):  # A alone: served 50 virtual tokens, all idle capacity (work-conserving)
-        await (await queue.admit(1, waiter("A"), capacity=1)).release()
+        await (await queue.admit("m", 1, waiter("A"), capacity=1)).release()
     # B arrives after A's solo run: caught up to the virtual clock, so it does not get 5 turns.
     order = await admission_order(queue, [("a", waiter("A")), ("b0", waiter("B")),
                                           ("b1", waiter("B"))])
@@ -104,7 +113,7 @@ async def test_returning_tenant_gets_no_credit_for_idle_time(redis):
 
 async def test_work_conserving_lone_tenant_fills_every_slot(redis):
     queue = make_queue(redis)
-    slots = [await asyncio.wait_for(queue.admit(1, waiter("A"), capacity=3), 1.0)
+    slots = [await asyncio.wait_for(queue.admit("m", 1, waiter("A"), capacity=3), 1.0)
              for _ in range(3)]
     assert all(s.waited_s < 0.5 for s in slots)
     for slot in slots:
@@ -113,68 +122,68 @@ async def test_work_conserving_lone_tenant_fills_every_slot(redis):
 
 async def test_queue_full_and_wait_bound(redis):
     queue = make_queue(redis, max_queue=1)
-    holder = await queue.admit(1, waiter("A"), capacity=1)
+    holder = await queue.admit("m", 1, waiter("A"), capacity=1)
     started = time.monotonic()
-    task = asyncio.create_task(queue.admit(1, waiter("B", max_wait_s=0.3), capacity=1))
+    task = asyncio.create_task(queue.admit("m", 1, waiter("B", max_wait_s=0.3), capacity=1))
     await asyncio.sleep(0.05)
     with pytest.raises(QueueFull):  # one waiting already: the bound is 1
-        await queue.admit(1, waiter("C"), capacity=1)
+        await queue.admit("m", 1, waiter("C"), capacity=1)
     with pytest.raises(QueueTimeout):
         await task
     assert 0.3 <= time.monotonic() - started < 1.0
-    waiting_key = queue.keys(1)[0]
+    waiting_key = queue.keys("m")[0]
     assert await redis.hlen(waiting_key) == 0  # the timed-out waiter left
     text = await admission_metrics(redis, queue)
-    assert 'llmp_admission_rejected_total{model_version="1",reason="full"} 1' in text
-    assert 'llmp_admission_rejected_total{model_version="1",reason="timeout"} 1' in text
-    assert 'llmp_admission_slots_in_use{model_version="1"} 1' in text
+    assert 'llmp_admission_rejected_total{model="m",reason="full"} 1' in text
+    assert 'llmp_admission_rejected_total{model="m",reason="timeout"} 1' in text
+    assert 'llmp_admission_slots_in_use{model="m"} 1' in text
     await holder.release()
 
 
 async def test_cancelled_waiter_leaves_and_slot_goes_on(redis):
     queue = make_queue(redis)
-    holder = await queue.admit(1, waiter("A"), capacity=1)
-    cancelled = asyncio.create_task(queue.admit(1, waiter("B"), capacity=1))
-    patient = asyncio.create_task(queue.admit(1, waiter("C"), capacity=1))
+    holder = await queue.admit("m", 1, waiter("A"), capacity=1)
+    cancelled = asyncio.create_task(queue.admit("m", 1, waiter("B"), capacity=1))
+    patient = asyncio.create_task(queue.admit("m", 1, waiter("C"), capacity=1))
     await asyncio.sleep(0.05)
     cancelled.cancel()
     with pytest.raises(asyncio.CancelledError):
         await cancelled
     text = await admission_metrics(redis, queue)
-    assert 'llmp_admission_queue_depth{model_version="1"} 1' in text
+    assert 'llmp_admission_queue_depth{model="m"} 1' in text
     await holder.release()
     slot = await asyncio.wait_for(patient, 1.0)
     await slot.release()
     text = await admission_metrics(redis, queue)
-    assert 'llmp_admission_wait_seconds_count{model_version="1"} 2' in text
+    assert 'llmp_admission_wait_seconds_count{model="m"} 2' in text
 
 
 async def test_dead_waiter_is_never_handed_a_slot(redis):
     clock = [1_000_000.0]
     prefix = f"{settings.REDIS_KEY_PREFIX}{uuid.uuid4().hex[:6]}:"
     queue = AdmissionQueue(redis, prefix, lambda: clock[0], FairShare(), max_queue=10,
-                           heartbeat_s=5.0, poll_s=0.005)
-    holder = await queue.admit(1, waiter("A"), capacity=1)
-    # A process that queued and then died: it never polls again.
-    await queue._enter(keys=queue.keys(1), args=[int(clock[0] * 1000), "dead", 0, "D", 1, 1,
-                                                 10, 5000, 900_000, 0])
+                           heartbeat_s=5.0)
+    holder = await queue.admit("m", 1, waiter("A"), capacity=1)
+    # A process that queued (ahead of B: higher tier) and then died: it never polls again.
+    await queue._enter(keys=queue.keys("m"), args=[
+        int(clock[0] * 1000), 900_000, "unused:", "D:1:dead", 0, "D", 1, 1, 1, 0, 10, 5000])
     clock[0] += 10  # its heartbeat lapses
-    live = asyncio.create_task(queue.admit(1, waiter("B"), capacity=1))
+    live = asyncio.create_task(queue.admit("m", 1, waiter("B"), capacity=1))
     await asyncio.sleep(0.05)
     await holder.release()
     slot = await asyncio.wait_for(live, 1.0)
-    assert await redis.zscore(queue.keys(1)[1], "dead") is None
+    assert await redis.zscore(queue.keys("m")[1], "D:1:dead") is None
     await slot.release()
 
 
 async def test_headroom_only_for_a_tenant_with_nothing_running(redis):
     queue = make_queue(redis)
-    a0 = await queue.admit(1, waiter("A"), capacity=1, headroom=1)
-    a1 = asyncio.create_task(queue.admit(1, waiter("A"), capacity=1, headroom=1))
+    a0 = await queue.admit("m", 1, waiter("A"), capacity=1, headroom=1)
+    a1 = asyncio.create_task(queue.admit("m", 1, waiter("A"), capacity=1, headroom=1))
     await asyncio.sleep(0.05)
     assert not a1.done()  # A already runs: no headroom for A
-    b0 = await asyncio.wait_for(queue.admit(1, waiter("B"), capacity=1, headroom=1), 1.0)
-    b1 = asyncio.create_task(queue.admit(1, waiter("B"), capacity=1, headroom=1))
+    b0 = await asyncio.wait_for(queue.admit("m", 1, waiter("B"), capacity=1, headroom=1), 1.0)
+    b1 = asyncio.create_task(queue.admit("m", 1, waiter("B"), capacity=1, headroom=1))
     await asyncio.sleep(0.05)
     assert not b1.done()  # capacity + headroom reached
     await a0.release()
@@ -184,3 +193,102 @@ async def test_headroom_only_for_a_tenant_with_nothing_running(redis):
     for s in (slot, b0):
         await s.release()
     await (await asyncio.wait_for(b1, 1.0)).release()
+
+
+async def test_waiter_is_woken_by_the_release(redis):
+    queue = make_queue(redis)  # fallback poll after 60 s: only a wake-up admits in time
+    holder = await queue.admit("m", 1, waiter("A"), capacity=1)
+    task = asyncio.create_task(queue.admit("m", 1, waiter("B"), capacity=1))
+    await asyncio.sleep(0.05)
+    assert not task.done()
+    await holder.release()
+    slot = await asyncio.wait_for(task, 5.0)
+    # The wake list was consumed (or removed): nothing lingers for the next waiter.
+    assert await redis.exists(queue._wake_prefix("m") + slot.ticket) == 0
+    await slot.release()
+
+
+class DeafQueue(AdmissionQueue):
+    """Never hears a wake-up (as if every push were lost): only the fallback poll admits."""
+
+    num_waits = 0
+
+    async def wait_for_wake(self, model, ticket, timeout_s):
+        self.num_waits += 1
+        await asyncio.sleep(timeout_s)
+        return False
+
+
+async def test_lost_wake_up_is_covered_by_the_fallback_poll(redis):
+    queue = make_queue(redis, queue_class=DeafQueue, fallback_poll_s=0.05, heartbeat_s=5.0)
+    holder = await queue.admit("m", 1, waiter("A"), capacity=1)
+    task = asyncio.create_task(queue.admit("m", 1, waiter("B"), capacity=1))
+    await asyncio.sleep(0.2)
+    assert not task.done() and queue.num_waits >= 2  # it polls while it waits
+    await holder.release()
+    slot = await asyncio.wait_for(task, 5.0)
+    await slot.release()
+
+
+async def test_versions_of_a_model_share_one_queue_bound(redis):
+    queue = make_queue(redis, max_queue=1)
+    v1 = await queue.admit("m", 1, waiter("A"), capacity=1)
+    v2 = await queue.admit("m", 2, waiter("A"), capacity=1)  # a canary version: its own slots
+    task = asyncio.create_task(queue.admit("m", 1, waiter("B"), capacity=1))
+    await asyncio.sleep(0.05)
+    with pytest.raises(QueueFull):  # the one queue place is taken, whatever the version
+        await queue.admit("m", 2, waiter("C"), capacity=1)
+    other_model = await asyncio.wait_for(queue.admit("n", 1, waiter("C"), capacity=1), 1.0)
+    await v1.release()
+    await (await asyncio.wait_for(task, 5.0)).release()
+    for slot in (v2, other_model):
+        await slot.release()
+
+
+async def test_a_freed_slot_goes_to_the_best_waiter_of_its_version(redis):
+    queue = make_queue(redis)
+    v1 = await queue.admit("m", 1, waiter("A"), capacity=1)
+    v2 = await queue.admit("m", 2, waiter("A"), capacity=1)
+    admitted: list[str] = []
+
+    async def wait_for(name, version, w):
+        slot = await queue.admit("m", version, w, capacity=1)
+        admitted.append(name)
+        return slot
+
+    # For version 1: an interactive and a batch waiter; for version 2: a standard one.
+    tasks = {"v1-interactive": asyncio.create_task(wait_for("v1-interactive", 1, waiter("I", 0))),
+             "v1-batch": asyncio.create_task(wait_for("v1-batch", 1, waiter("X", 20))),
+             "v2-standard": asyncio.create_task(wait_for("v2-standard", 2, waiter("S", 10)))}
+    await asyncio.sleep(0.05)
+    await v2.release()  # version 2 frees: its waiter goes, though version 1 has a higher tier
+    slot_s = await asyncio.wait_for(tasks["v2-standard"], 5.0)
+    assert admitted == ["v2-standard"]
+    await v1.release()  # version 1 frees: tier order among its waiters
+    slot_i = await asyncio.wait_for(tasks["v1-interactive"], 5.0)
+    await asyncio.sleep(0.05)
+    assert admitted == ["v2-standard", "v1-interactive"]
+    await slot_i.release()
+    await (await asyncio.wait_for(tasks["v1-batch"], 5.0)).release()
+    await slot_s.release()
+
+
+async def test_fair_share_counts_service_on_every_version(redis):
+    queue = make_queue(redis)
+    # A was served on version 2 (the canary); on version 1, B (served less) goes first.
+    await (await queue.admit("m", 2, waiter("A", cost=100), capacity=1)).release()
+    holder = await queue.admit("m", 1, waiter("H", cost=1000), capacity=1)
+    order: list[str] = []
+
+    async def wait_for(name, w):
+        slot = await queue.admit("m", 1, w, capacity=1)
+        order.append(name)
+        await slot.release()
+
+    a = asyncio.create_task(wait_for("A", waiter("A")))
+    await asyncio.sleep(0.02)
+    b = asyncio.create_task(wait_for("B", waiter("B")))
+    await asyncio.sleep(0.05)
+    await holder.release()
+    await asyncio.wait_for(asyncio.gather(a, b), 5.0)
+    assert order == ["B", "A"]

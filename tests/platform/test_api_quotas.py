@@ -41,16 +41,19 @@ async def tokens_level(tenant) -> float:
         await redis.aclose()
 
 
-async def test_headers_on_json_and_streaming_replies(client, auth, ready_replica):
+async def test_headers_on_json_and_streaming_replies(client, auth, tenant, ready_replica):
+    # 6 a minute with a burst of 600: one request refills in 10 s, so a slow machine cannot
+    # refill one between two replies and blur the counts.
+    await Tenant.objects.filter(pk=tenant.pk).aupdate(requests_per_minute=6, request_burst=600)
     response = await post(client, BODY, auth)
     assert response.status_code == 200
     assert all(name in response for name in HEADERS)
-    assert response["x-ratelimit-limit-requests"] == "600"  # tier interactive
+    assert response["x-ratelimit-limit-requests"] == "6"
     assert response["x-ratelimit-remaining-requests"] == "599"
-    assert response["x-ratelimit-limit-tokens"] == "200000"
+    assert response["x-ratelimit-limit-tokens"] == "200000"  # tier interactive
     estimate = 200_000 - int(response["x-ratelimit-remaining-tokens"])
     assert estimate == response.json()["usage"]["input_tokens"] + 4
-    assert response["x-ratelimit-reset-requests"] == "100ms"  # 1 request at 10/s
+    assert response["x-ratelimit-reset-requests"] == "10s"  # 1 request at 0.1/s
     stream = await post(client, {**BODY, "stream": True}, auth, "/v1/chat/completions")
     assert stream.status_code == 200 and all(name in stream for name in HEADERS)
     assert stream["x-ratelimit-remaining-requests"] == "598"
@@ -140,3 +143,53 @@ async def test_tier_priority_and_tenant_reach_the_replica(client, auth, tenant, 
     assert (await post(client, BODY, auth)).status_code == 200
     sent = fake_replica.state.requests[-1]
     assert sent["priority"] == 3 and sent["tenant"] == str(tenant.pk)
+
+
+async def test_headers_on_an_idempotent_replay_which_charges_nothing(client, auth, tenant,
+                                                                     ready_replica):
+    # 6 a minute: one request refills in 10 s, so a slow machine cannot blur the counts below.
+    await Tenant.objects.filter(pk=tenant.pk).aupdate(requests_per_minute=6, request_burst=600)
+    first = await post(client, BODY, {**auth, "Idempotency-Key": "replay-1"})
+    assert first.status_code == 200 and first["x-ratelimit-remaining-requests"] == "599"
+    replay = await post(client, BODY, {**auth, "Idempotency-Key": "replay-1"})
+    assert replay.status_code == 200 and all(name in replay for name in HEADERS)
+    assert replay["x-ratelimit-remaining-requests"] == "599"  # the replay charged nothing
+    assert replay.json() == first.json()
+    streamed = {**BODY, "stream": True}
+    run = await post(client, streamed, {**auth, "Idempotency-Key": "replay-2"},
+                     "/v1/chat/completions")
+    b"".join([chunk async for chunk in run.streaming_content])
+    assert run["x-ratelimit-remaining-requests"] == "598"
+    replay = await post(client, streamed, {**auth, "Idempotency-Key": "replay-2"},
+                        "/v1/chat/completions")
+    assert replay.status_code == 200 and all(name in replay for name in HEADERS)
+    assert replay["x-ratelimit-remaining-requests"] == "598"
+    b"".join([chunk async for chunk in replay.streaming_content])
+
+
+async def test_headers_on_refusals_before_the_bucket_check(client, auth, tenant, ready_replica,
+                                                           settings):
+    await Tenant.objects.filter(pk=tenant.pk).aupdate(requests_per_minute=6, request_burst=600)
+    refusals = [
+        (404, {**BODY, "model": "no-such-model"}, auth),
+        (400, {**BODY, "max_tokens": -1}, auth),
+        (400, {"model": "chat-small"}, auth),
+    ]
+    for status, body, headers in refusals:
+        response = await post(client, body, headers)
+        assert response.status_code == status
+        assert all(name in response for name in HEADERS), (status, body)
+        assert response["x-ratelimit-remaining-requests"] == "600"  # nothing charged
+    malformed = await client.post("/v1/generate", data=b"{nope", content_type="application/json",
+                                  headers=auth)
+    assert malformed.status_code == 400 and all(name in malformed for name in HEADERS)
+    await post(client, BODY, {**auth, "Idempotency-Key": "k-422"})
+    reused = await post(client, {**BODY, "max_tokens": 5}, {**auth, "Idempotency-Key": "k-422"})
+    assert reused.status_code == 422 and all(name in reused for name in HEADERS)
+    assert reused["x-ratelimit-remaining-requests"] == "599"  # only the first run charged
+    # Not authenticated: no tenant, no buckets to report.
+    anonymous = await post(client, BODY, {"Authorization": "Bearer wrong"})
+    assert anonymous.status_code == 401 and not any(name in anonymous for name in HEADERS)
+    settings.API_MAX_BODY_BYTES = 10
+    too_big = await post(client, BODY, auth)
+    assert too_big.status_code == 413 and all(name in too_big for name in HEADERS)
