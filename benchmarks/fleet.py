@@ -1,5 +1,5 @@
 """A private fleet for benchmarks: PostgreSQL + Redis (as `make serve` finds them), a bench
-database, one real replica, daphne. Stopped with `Fleet.stop()`."""
+database, one or more real replicas, daphne. Stopped with `Fleet.stop()`."""
 from __future__ import annotations
 
 import os
@@ -30,6 +30,8 @@ class Fleet:
     services: Services
     procs: list[subprocess.Popen] = field(default_factory=list)
     env: dict = field(default_factory=dict)  # the platform processes' environment
+    # Every replica as (grpc host:port, metrics host:port); the first is grpc/metrics_address.
+    replicas: list[tuple[str, str]] = field(default_factory=list)
 
     def stop(self) -> None:
         for proc in reversed(self.procs):
@@ -70,10 +72,13 @@ def _wait_port(port: int, proc: subprocess.Popen, deadline_s: float) -> None:
     wait_port(port, proc, str(proc.args), deadline_s)
 
 
-def start_fleet(replica: str = "smollm2", database: str = "llm_platform_bench") -> Fleet:
+def start_fleet(replica: str = "smollm2", database: str = "llm_platform_bench",
+                num_replicas: int = 1, replica_args: tuple[str, ...] = ()) -> Fleet:
     """`replica`: "smollm2" (the real engine in tritonserver) or "fake" (tests/fakes: Triton's
     gRPC protocol with a model that costs nothing, to isolate what the platform itself adds).
-    `database`: a benchmark's own database (start_fleet stops every replica registered there)."""
+    `database`: a benchmark's own database (start_fleet stops every replica registered there).
+    `num_replicas` real replicas (started together), each with `replica_args` added to
+    `python -m replica.launch` (e.g. `--kv-cache-bytes N --num-threads 1`)."""
     services = ensure_services(REPO / "var", log=lambda *_: None)
     database_url = urlparse(services.database_url)._replace(path="/" + database).geturl()
     ensure_database(database_url)
@@ -93,34 +98,42 @@ def start_fleet(replica: str = "smollm2", database: str = "llm_platform_bench") 
                        env=env, check=True, stdout=subprocess.DEVNULL)
         fleet.api_key = subprocess.run([*manage, "createapikey", tenant], cwd=REPO, env=env,
                                        check=True, capture_output=True, text=True).stdout.strip()
-        grpc_port, http_port, metrics_port, api_port = (free_port() for _ in range(4))
-        if replica == "fake":
-            server = _start("fake-replica", ["-m", "tests.fakes.triton_server", "--grpc-port",
-                                             str(grpc_port), "--metrics-port", str(metrics_port)],
-                            env)
-        else:
-            server = _start("replica", ["-m", "replica.launch", "--model", "chat-small",
-                                        "--grpc-port", str(grpc_port), "--http-port",
-                                        str(http_port), "--metrics-port", str(metrics_port)], env)
-        fleet.procs.append(server)
+        api_port = free_port()
+        ready_urls = []
+        for i in range(num_replicas if replica != "fake" else 1):
+            grpc_port, http_port, metrics_port = (free_port() for _ in range(3))
+            if replica == "fake":
+                server = _start("fake-replica", ["-m", "tests.fakes.triton_server",
+                                                 "--grpc-port", str(grpc_port),
+                                                 "--metrics-port", str(metrics_port)], env)
+            else:
+                server = _start(f"replica-{i}" if i else "replica",
+                                ["-m", "replica.launch", "--model", "chat-small",
+                                 "--grpc-port", str(grpc_port), "--http-port", str(http_port),
+                                 "--metrics-port", str(metrics_port), *replica_args], env)
+            fleet.procs.append(server)
+            fleet.replicas.append((f"127.0.0.1:{grpc_port}", f"127.0.0.1:{metrics_port}"))
+            ready_urls.append((server, grpc_port,
+                               f"http://127.0.0.1:{http_port}/v2/models/chat-small/ready"))
+        fleet.grpc_address, fleet.metrics_address = fleet.replicas[0]
         daphne = _start("daphne", ["-m", "daphne", "-b", "127.0.0.1", "-p", str(api_port),
                                    "llm_platform.asgi:application"], env)
         fleet.procs.append(daphne)
         fleet.base_url = f"http://127.0.0.1:{api_port}"
-        fleet.grpc_address = f"127.0.0.1:{grpc_port}"
-        fleet.metrics_address = f"127.0.0.1:{metrics_port}"
-        if replica == "fake":
-            _wait_port(grpc_port, server, 60)
-        else:
-            _wait(f"http://127.0.0.1:{http_port}/v2/models/chat-small/ready", server, 900)
+        for server, grpc_port, ready_url in ready_urls:
+            if replica == "fake":
+                _wait_port(grpc_port, server, 60)
+            else:
+                _wait(ready_url, server, 900)
         # Stale replicas of earlier runs in this database must not receive traffic.
         subprocess.run([*manage, "shell", "-c",
                         "from models_registry.models import Replica; "
                         "Replica.objects.exclude(state='stopped').update(state='stopped')"],
                        cwd=REPO, env=env, check=True)
-        subprocess.run([*manage, "registerreplica", "chat-small", "--grpc", fleet.grpc_address,
-                        "--metrics", fleet.metrics_address], cwd=REPO, env=env, check=True,
-                       stdout=subprocess.DEVNULL)
+        for grpc_address, metrics_address in fleet.replicas:
+            subprocess.run([*manage, "registerreplica", "chat-small", "--grpc", grpc_address,
+                            "--metrics", metrics_address], cwd=REPO, env=env, check=True,
+                           stdout=subprocess.DEVNULL)
         _wait(fleet.base_url + "/readyz", daphne, 60)
     except BaseException:
         fleet.stop()

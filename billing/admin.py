@@ -2,6 +2,7 @@
 Nothing here edits usage or issued invoices."""
 from django.contrib import admin
 
+from billing.admin_paginator import EstimatedCountPaginator
 from billing.csv_export import csv_response
 from billing.models import Invoice, InvoiceLine, Price, UsageHourly, UsageRecord
 
@@ -30,9 +31,13 @@ class UsageRecordAdmin(ReadOnlyAdmin):
     list_display = ("occurred_at", "request_id", "tenant", "model_name", "status",
                     "input_tokens", "cached_tokens", "output_tokens", "ttft_ms", "total_ms",
                     "invoice")
-    list_filter = ("status", "model_name", "tenant")
+    # By version (a small table), not model_name: DISTINCT over every usage row is slow.
+    # No date_hierarchy (its DISTINCT over every row is a full scan): a date filter instead.
+    list_filter = ("occurred_at", "status", "model_version", "tenant")
+    list_select_related = ("tenant", "invoice__tenant")
+    show_full_result_count = False
+    paginator = EstimatedCountPaginator
     search_fields = ("request_id",)
-    date_hierarchy = "occurred_at"
     actions = ["export_csv"]
 
     @admin.action(description="Export selected usage as CSV")
@@ -45,9 +50,11 @@ class UsageRecordAdmin(ReadOnlyAdmin):
 @admin.register(UsageHourly)
 class UsageHourlyAdmin(ReadOnlyAdmin):
     list_display = ("hour", "tenant", "model_name", "num_requests", "input_tokens",
-                    "cached_tokens", "output_tokens")
-    list_filter = ("tenant", "model_name")
-    date_hierarchy = "hour"
+                    "cached_tokens", "output_tokens", "ttft_p50_ms", "ttft_p90_ms")
+    list_filter = ("hour", "tenant", "model_version")
+    list_select_related = ("tenant",)
+    show_full_result_count = False
+    paginator = EstimatedCountPaginator
 
 
 class InvoiceLineInline(admin.TabularInline):
@@ -65,6 +72,7 @@ class InvoiceLineInline(admin.TabularInline):
 class InvoiceAdmin(ReadOnlyAdmin):
     list_display = ("tenant", "period_start", "period_end", "issued_at", "total", "currency")
     list_filter = ("tenant",)
+    list_select_related = ("tenant",)
     date_hierarchy = "period_start"
     inlines = [InvoiceLineInline]
     actions = ["export_csv"]

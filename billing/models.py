@@ -84,12 +84,17 @@ class UsageHourly(models.Model):
     input_tokens = models.BigIntegerField(default=0)
     cached_tokens = models.BigIntegerField(default=0)
     output_tokens = models.BigIntegerField(default=0)
+    # Time to first token over the hour's requests that produced one (null: none did).
+    ttft_p50_ms = models.FloatField(null=True, blank=True)
+    ttft_p90_ms = models.FloatField(null=True, blank=True)
 
     class Meta:
         ordering = ["-hour"]
         constraints = [models.UniqueConstraint(fields=["tenant", "model_version", "hour"],
                                                name="unique_usage_hour")]
-        indexes = [models.Index(fields=["tenant", "hour"])]
+        # (hour): the admin's newest-first list of every tenant without sorting the table.
+        indexes = [models.Index(fields=["tenant", "hour"]),
+                   models.Index(fields=["hour"], name="billing_usagehourly_hour")]
 
 
 class Invoice(models.Model):

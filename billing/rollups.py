@@ -13,9 +13,11 @@ from django.db import connection, transaction
 _UPSERT = """
 INSERT INTO billing_usagehourly
     (tenant_id, model_version_id, model_name, hour, num_requests, input_tokens, cached_tokens,
-     output_tokens)
+     output_tokens, ttft_p50_ms, ttft_p90_ms)
 SELECT tenant_id, model_version_id, MAX(model_name), date_trunc('hour', occurred_at), COUNT(*),
-       SUM(input_tokens), SUM(cached_tokens), SUM(output_tokens)
+       SUM(input_tokens), SUM(cached_tokens), SUM(output_tokens),
+       percentile_cont(0.5) WITHIN GROUP (ORDER BY ttft_ms),
+       percentile_cont(0.9) WITHIN GROUP (ORDER BY ttft_ms)
 FROM billing_usagerecord
 WHERE date_trunc('hour', occurred_at) IN (
     SELECT DISTINCT date_trunc('hour', occurred_at) FROM billing_usagerecord
@@ -24,7 +26,8 @@ GROUP BY tenant_id, model_version_id, date_trunc('hour', occurred_at)
 ON CONFLICT (tenant_id, model_version_id, hour) DO UPDATE SET
     model_name = EXCLUDED.model_name, num_requests = EXCLUDED.num_requests,
     input_tokens = EXCLUDED.input_tokens, cached_tokens = EXCLUDED.cached_tokens,
-    output_tokens = EXCLUDED.output_tokens
+    output_tokens = EXCLUDED.output_tokens, ttft_p50_ms = EXCLUDED.ttft_p50_ms,
+    ttft_p90_ms = EXCLUDED.ttft_p90_ms
 """
 
 

@@ -29,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from dataclasses import dataclass
-from typing import Callable
+from typing import Awaitable, Callable
 
 # Wait-time histogram bounds (ms); the last bucket is +Inf.
 WAIT_BUCKETS_MS = (10, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000)
@@ -146,6 +146,7 @@ if not backlogged then  -- returning tenant: no credit for the time it was idle
   if vt(tenant) < clock then redis.call('HSET', K_VT, tenant, clock) end
 end
 local seq = redis.call('HINCRBY', K_HIST, 'seq', 1)
+redis.call('HINCRBY', K_HIST, 'seq:' .. version, 1)
 redis.call('HSET', K_WAIT, ticket, cjson.encode({priority = tonumber(ARGV[5]), tenant = tenant,
   cost = tonumber(ARGV[7]), v = version, seq = seq, at = NOW, hb = NOW + hb_ms}))
 pump()
@@ -156,6 +157,7 @@ end
 if redis.call('HLEN', K_WAIT) > max_queue then  -- it would have to wait, and there is no room
   redis.call('HDEL', K_WAIT, ticket)
   redis.call('HINCRBY', K_HIST, 'rejected_full', 1)
+  redis.call('HINCRBY', K_HIST, 'rejected_full:' .. version, 1)
   return -1
 end
 return 0
@@ -198,6 +200,15 @@ if ARGV[5] ~= '' then redis.call('HINCRBY', K_HIST, 'rejected_' .. ARGV[5], 1) e
 pump()
 return 1
 """
+
+
+def queue_keys(key_prefix: str, model: str) -> list[str]:
+    """waiting (hash), running (sorted set), virtual time (hash), stats (hash: `seq` counts
+    every request that entered, `rejected_full` those refused at the door, and the same per
+    version as `seq:<version id>` / `rejected_full:<version id>`), capacity (hash)."""
+    base = f"{key_prefix}admission:{model}"
+    return [f"{base}:waiting", f"{base}:running", f"{base}:vtime", f"{base}:stats",
+            f"{base}:capacity"]
 
 
 class QueueFull(Exception):
@@ -272,9 +283,7 @@ class AdmissionQueue:
         self._leave = redis.register_script(common + _LEAVE)
 
     def keys(self, model: str) -> list[str]:
-        base = f"{self._prefix}admission:{model}"
-        return [f"{base}:waiting", f"{base}:running", f"{base}:vtime", f"{base}:stats",
-                f"{base}:capacity"]
+        return queue_keys(self._prefix, model)
 
     def models_key(self) -> str:
         return f"{self._prefix}admission:models"
@@ -286,11 +295,14 @@ class AdmissionQueue:
         return [int(self._clock() * 1000), self._slot_ttl_ms, self._wake_prefix(model)]
 
     async def admit(self, model: str, model_version_id: int, waiter: Waiter, capacity: int,
-                    headroom: int = 0) -> Slot:
+                    headroom: int = 0,
+                    refresh: Callable[[], Awaitable[tuple[int, int]]] | None = None) -> Slot:
         """A slot of `model_version_id` (one of `model`'s versions, which has `capacity`
         slots), at once or after waiting; QueueFull / QueueTimeout otherwise. Cancelling the
         caller while it waits leaves the queue. `headroom`: slots beyond `capacity` only for
-        tenants with nothing running."""
+        tenants with nothing running. `refresh`: re-reads (capacity, headroom) before each
+        poll, for a version whose capacity is growing (its first replica is loading; no release
+        wakes such a waiter, so it finds the new capacity on its fallback poll)."""
         ticket = f"{waiter.tenant}:{model_version_id}:{uuid.uuid4().hex}"
         keys = self.keys(model)
         started = self._clock()
@@ -308,6 +320,8 @@ class AdmissionQueue:
                     await self.leave(model, ticket, "timeout")
                     raise QueueTimeout()
                 await self.wait_for_wake(model, ticket, min(self._fallback_poll_s, remaining))
+                if refresh is not None:
+                    capacity, headroom = await refresh()
                 state = int(await self._poll(keys=keys, args=[
                     *self._common_args(model), ticket, model_version_id, capacity, headroom,
                     self._heartbeat_ms]))

@@ -66,12 +66,14 @@ class StreamConsumer(AsyncWebsocketConsumer):
                 raise InvalidRequest("The message must be a JSON object.")
             api_key = body.pop("api_key", None)
             idempotency_key = body.pop("idempotency_key", None)
+            conversation_id = body.pop("conversation_id", None)
             authorization = _header(self.scope, b"authorization")
             if authorization is None and isinstance(api_key, str):
                 authorization = f"Bearer {api_key}"
             container = current_container()
             outcome = await prepare(container, "generate", authorization, body,
-                                    idempotency_key if isinstance(idempotency_key, str) else None)
+                                    idempotency_key if isinstance(idempotency_key, str) else None,
+                                    conversation_id if isinstance(conversation_id, str) else None)
             fmt = NativeFormat()
             events = await open_events(container, outcome, fmt)
             async with aclosing(events):

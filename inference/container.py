@@ -17,11 +17,23 @@ from django.apps import apps
 from django.conf import settings
 
 from inference.admission import ADMISSION_POLICIES, AdmissionQueue
+from inference.canary import RolloutCatalog
 from inference.idempotency import IdempotencyStore
 from inference.replica_client import ReplicaClient
-from inference.router import OutstandingTokens, ReplicaDirectory, Router, ServingCatalog
+from inference.circuit import CircuitBreaker
+from inference.prefix_index import PrefixIndex
+from inference.replica_signals import SignalPoller, SignalStore
+from inference.router import (
+    OutstandingTokens,
+    ReplicaDirectory,
+    Router,
+    RoutingState,
+    ServingCatalog,
+)
+from inference.routing_stats import RoutingStats
 from inference.tokenization import TokenizerCache
 from inference.triton_client import TritonReplicaClient
+from models_registry.rollouts.fallbacks import FallbackRecorder
 from tenants.buckets import TokenBuckets
 from tenants.selectors import LimitsCache
 
@@ -39,8 +51,12 @@ class Container:
     limits: LimitsCache
     buckets: TokenBuckets
     admission: AdmissionQueue
+    signal_poller: SignalPoller
+    rollouts: RolloutCatalog  # canary rollouts: which version serves a request
+    fallbacks: FallbackRecorder  # canary requests that stable served instead
 
     async def close(self) -> None:
+        await self.signal_poller.stop()
         await self.replica_client.close()
         await self.redis.aclose()
 
@@ -49,6 +65,20 @@ def build_container(tokenizers: TokenizerCache) -> Container:
     redis = aioredis.Redis.from_url(settings.REDIS_URL)
     clock = time.monotonic
     prefix = settings.REDIS_KEY_PREFIX
+    signals = SignalStore(redis, prefix, settings.ROUTER_SIGNALS_TTL_SECONDS)
+    poller = SignalPoller(signals, settings.ROUTER_SIGNALS_INTERVAL_SECONDS,
+                          timeout_s=settings.ROUTER_SIGNALS_TIMEOUT_SECONDS)
+    # Wall-clock time where Redis state is compared across processes.
+    routing = RoutingState(
+        redis=redis, key_prefix=prefix,
+        prefix_index=PrefixIndex(redis, prefix, time.time, settings.ROUTER_PREFIX_TTL_SECONDS),
+        signals=signals,
+        circuit=CircuitBreaker(redis, prefix, time.time,
+                               failure_threshold=settings.ROUTER_CIRCUIT_FAILURES,
+                               cooldown_s=settings.ROUTER_CIRCUIT_COOLDOWN_SECONDS,
+                               probe_timeout_s=settings.ROUTER_CIRCUIT_PROBE_TIMEOUT_SECONDS),
+        stats=RoutingStats(redis, prefix),
+    )
     return Container(
         redis=redis,
         key_prefix=prefix,
@@ -62,6 +92,8 @@ def build_container(tokenizers: TokenizerCache) -> Container:
             ReplicaDirectory(clock, settings.REGISTRY_CACHE_TTL_SECONDS),
             OutstandingTokens(redis, prefix),
             random.Random(),
+            routing,
+            poller,
         ),
         catalog=ServingCatalog(clock, settings.REGISTRY_CACHE_TTL_SECONDS),
         idempotency=IdempotencyStore(
@@ -74,6 +106,10 @@ def build_container(tokenizers: TokenizerCache) -> Container:
         admission=AdmissionQueue(redis, prefix, time.time,
                                  ADMISSION_POLICIES[settings.ADMISSION_POLICY](),
                                  max_queue=settings.ADMISSION_MAX_QUEUE),
+        signal_poller=poller,
+        rollouts=RolloutCatalog(clock, settings.REGISTRY_CACHE_TTL_SECONDS),
+        # Wall-clock minutes: the evaluator reads them in another process.
+        fallbacks=FallbackRecorder(redis, prefix, time.time),
     )
 
 

@@ -24,7 +24,7 @@ from inference.admission import QueueFull, QueueTimeout, Slot, Waiter
 from inference.container import Container
 from inference.db_connection import release_db_connection
 from inference.errors import InvalidRequest, ReplicaFailed, ServiceUnavailable
-from inference.pipeline import Prepared
+from inference.pipeline import Prepared, record_fallback, retarget
 from inference.quota import settle
 from inference.replica_client import (
     ReplicaChunk,
@@ -33,7 +33,10 @@ from inference.replica_client import (
     ReplicaStreamError,
     ReplicaUnavailable,
 )
+from inference.prefix_index import prompt_block_hashes
 from inference.router import NoReplicaReady, RouteRequest
+from models_registry.selectors import can_cold_start
+from models_registry.rollouts.fallbacks import FAILED, UNAVAILABLE
 
 logger = logging.getLogger(__name__)
 
@@ -107,19 +110,33 @@ async def _admit(container: Container, prepared: Prepared) -> Slot | None:
     """A slot of the model version in its model's admission queue (one per model, shared by
     its versions); None when no replica is ready (the router then answers 503). Raises 503 when
     the queue is full or the tier's wait bound passes."""
-    num_ready = await container.router.num_ready(prepared.target.model_version_id)
-    if num_ready == 0:
+    model_version_id = prepared.target.model_version_id
+    num_ready = await container.router.num_ready(model_version_id)
+    # No replica ready, but one is loading or the version scales from zero: wait for it in the
+    # queue (the autoscaler sees the depth and starts one) rather than refuse.
+    cold = num_ready == 0 and await can_cold_start(model_version_id)
+    if num_ready == 0 and not cold:
         return None
     limits = prepared.charge.limits
+    max_wait_s = limits.max_queue_wait_ms / 1000.0
+    if cold:
+        max_wait_s = max(max_wait_s, settings.COLD_START_MAX_WAIT_SECONDS)
     waiter = Waiter(tenant=str(limits.tenant_id), priority=limits.priority,
-                    cost_tokens=prepared.charge.estimated_tokens,
-                    max_wait_s=limits.max_queue_wait_ms / 1000.0)
+                    cost_tokens=prepared.charge.estimated_tokens, max_wait_s=max_wait_s)
+
+    async def capacity() -> tuple[int, int]:
+        n = await container.router.num_ready(model_version_id)
+        await release_db_connection()
+        return (n * settings.ADMISSION_SLOTS_PER_REPLICA,
+                n * settings.ADMISSION_HEADROOM_SLOTS_PER_REPLICA)
+
     await release_db_connection()  # not held while waiting (prepare and num_ready read it)
     try:
         return await container.admission.admit(
-            prepared.target.model_name, prepared.target.model_version_id, waiter,
+            prepared.target.model_name, model_version_id, waiter,
             capacity=num_ready * settings.ADMISSION_SLOTS_PER_REPLICA,
-            headroom=num_ready * settings.ADMISSION_HEADROOM_SLOTS_PER_REPLICA)
+            headroom=num_ready * settings.ADMISSION_HEADROOM_SLOTS_PER_REPLICA,
+            refresh=capacity if cold else None)
     except QueueFull:
         raise ServiceUnavailable(
             f"'{prepared.target.model_name}' is at capacity and its queue is full; retry later.",
@@ -137,91 +154,145 @@ async def generate(container: Container, prepared: Prepared) -> AsyncIterator[De
     clock = container.clock
     progress = _Progress(started=clock())
     result: Result | None = None
-    route = RouteRequest(prepared.principal.tenant_id, len(prepared.prompt_token_ids),
-                         prepared.max_tokens)
-    request = replica_request(prepared)
-    tried: set[int] = set()
     slot: Slot | None = None
+    current = prepared  # becomes the stable version if a canary cannot serve the request
     try:
-        slot = await _admit(container, prepared)
         while True:
+            tried: set[int] = set()
             try:
-                lease = await container.router.acquire(
-                    prepared.target.model_version_id, prepared.target.routing_policy, route,
-                    exclude=frozenset(tried))
-            except NoReplicaReady:
-                if tried:
-                    raise ReplicaFailed("Every replica tried failed before the first token; "
-                                        "retry later.",
-                                        headers={"Retry-After": "1"}) from None
-                raise ServiceUnavailable(
-                    f"No replica of '{prepared.target.model_name}' is ready; retry later.",
-                    headers={"Retry-After": str(settings.NO_REPLICA_RETRY_AFTER_SECONDS)},
-                ) from None
-            tried.add(lease.replica.replica_id)
-            await release_db_connection()  # not held while streaming
-            progress.replica_id = lease.replica.replica_id
-            try:
-                async with aclosing(
-                    container.replica_client.stream(lease.replica.grpc_address, request)
-                ) as chunks:
-                    async for chunk in chunks:
-                        progress.last = chunk
-                        if progress.first_token_at is None:
-                            progress.first_token_at = clock()
-                            await lease.release_prompt()
-                        if chunk.text:
-                            progress.deltas.append(chunk.text)
-                            yield Delta(chunk.text)
-                        if chunk.final:
-                            progress.final = chunk
-                            break
-            except ReplicaRejected as exc:
-                progress.status = UsageRecord.Status.REJECTED
-                raise InvalidRequest(str(exc) or "The replica refused the request.") from exc
-            except (ReplicaUnavailable, ReplicaStreamError) as exc:
-                if progress.first_token_at is not None:
-                    raise ReplicaFailed(f"The replica failed mid-stream: {exc}") from exc
-                logger.warning("replica %s failed before the first token: %s",
-                               lease.replica.grpc_address, exc)
-                if len(tried) >= settings.ROUTER_MAX_ATTEMPTS:
-                    raise ReplicaFailed("The replicas failed before the first token; retry later.",
-                                        headers={"Retry-After": "1"}) from exc
-                continue
-            finally:
-                await asyncio.shield(lease.release())
-            if progress.final is None:
-                raise ReplicaFailed("The replica ended the stream without a final response.")
-            progress.status = UsageRecord.Status.OK
-            final = progress.final
-            result = Result(
-                id=prepared.request_id,
-                created=int(time.time()),
-                model=prepared.target.model_name,
-                deltas=progress.deltas,
-                finish_reason=final.finish_reason or "stop",
-                input_tokens=final.num_input_tokens or len(prepared.prompt_token_ids),
-                output_tokens=final.num_output_tokens,
-                cached_tokens=final.num_cached_tokens,
-            )
-            yield Done(result)
-            return
+                slot = await _admit(container, current)
+                # aclosing: a client that goes away closes the replica's stream at once.
+                async with aclosing(_stream(container, current, progress, tried)) as deltas:
+                    async for delta in deltas:
+                        yield delta
+                break
+            except (ServiceUnavailable, ReplicaFailed):
+                # A canary that cannot start the request never fails it: stable serves it.
+                if current.fallback is None or progress.first_token_at is not None:
+                    raise
+                slot = await _release_slot(slot, current)
+                await record_fallback(container, current.rollout_id, FAILED if tried else UNAVAILABLE)
+                logger.warning("canary %s of rollout %s could not serve %s; falling back to "
+                               "stable", current.target.model_version_id, current.rollout_id,
+                               current.request_id)
+                progress.replica_id = None
+                progress.last = None
+                current = await retarget(container, current)
+        progress.status = UsageRecord.Status.OK
+        final = progress.final
+        result = Result(
+            id=current.request_id,
+            created=int(time.time()),
+            model=current.target.model_name,
+            deltas=progress.deltas,
+            finish_reason=final.finish_reason or "stop",
+            input_tokens=final.num_input_tokens or len(current.prompt_token_ids),
+            output_tokens=final.num_output_tokens,
+            cached_tokens=final.num_cached_tokens,
+        )
+        yield Done(result)
     except (asyncio.CancelledError, GeneratorExit):
         if progress.status != UsageRecord.Status.OK:
             progress.status = UsageRecord.Status.CANCELLED
         raise
     finally:
         # Shielded: a second cancellation must not lose the usage row or the key's state.
-        await asyncio.shield(_finish(container, prepared, progress, result, slot))
+        await asyncio.shield(_finish(container, current, progress, result, slot))
 
 
-async def _finish(container: Container, prepared: Prepared, progress: _Progress,
-                  result: Result | None, slot: Slot | None) -> None:
+async def _report(outcome) -> None:
+    """Tell the router how a replica did (circuit, prefix index, counters): a Redis hiccup
+    there must not fail a request the replica is serving."""
+    try:
+        await outcome
+    except Exception:  # noqa: BLE001
+        logger.exception("routing outcome not recorded")
+
+
+async def _stream(container: Container, prepared: Prepared, progress: _Progress,
+                  tried: set[int]) -> AsyncIterator[Delta]:
+    """Stream from a ready replica of `prepared.target` until the final chunk (in
+    `progress.final`); a replica failing before the first token is retried on another (at most
+    ROUTER_MAX_ATTEMPTS); each outcome is reported to the router (circuit, prefix index)."""
+    clock = container.clock
+    request = replica_request(prepared)
+    route = RouteRequest(prepared.principal.tenant_id, len(prepared.prompt_token_ids),
+                         prepared.max_tokens,
+                         block_hashes=prompt_block_hashes(prepared.prompt_token_ids,
+                                                          request.cache_salt,
+                                                          settings.ROUTER_PREFIX_MAX_BLOCKS))
+    while True:
+        try:
+            lease = await container.router.acquire(
+                prepared.target.model_version_id, prepared.target.routing_policy, route,
+                exclude=frozenset(tried))
+        except NoReplicaReady:
+            if tried:
+                raise ReplicaFailed("Every replica tried failed before the first token; "
+                                    "retry later.",
+                                    headers={"Retry-After": "1"}) from None
+            raise ServiceUnavailable(
+                f"No replica of '{prepared.target.model_name}' is ready; retry later.",
+                headers={"Retry-After": str(settings.NO_REPLICA_RETRY_AFTER_SECONDS)},
+            ) from None
+        tried.add(lease.replica.replica_id)
+        await release_db_connection()  # not held while streaming
+        progress.replica_id = lease.replica.replica_id
+        try:
+            async with aclosing(
+                container.replica_client.stream(lease.replica.grpc_address, request)
+            ) as chunks:
+                async for chunk in chunks:
+                    progress.last = chunk
+                    if progress.first_token_at is None:
+                        progress.first_token_at = clock()
+                        await lease.release_prompt()
+                        await _report(container.router.first_token(lease))
+                    if chunk.text:
+                        progress.deltas.append(chunk.text)
+                        yield Delta(chunk.text)
+                    if chunk.final:
+                        progress.final = chunk
+                        break
+        except ReplicaRejected as exc:
+            progress.status = UsageRecord.Status.REJECTED
+            raise InvalidRequest(str(exc) or "The replica refused the request.") from exc
+        except (ReplicaUnavailable, ReplicaStreamError) as exc:
+            started = progress.first_token_at is not None
+            retrying = not started and len(tried) < settings.ROUTER_MAX_ATTEMPTS
+            await asyncio.shield(_report(container.router.failed(
+                lease, before_first_token=not started, retrying=retrying)))
+            if started:
+                # The usage row records it: status failed, the tokens streamed so far.
+                raise ReplicaFailed(f"The replica failed mid-stream: {exc}") from exc
+            logger.warning("replica %s failed before the first token: %s",
+                           lease.replica.grpc_address, exc)
+            if not retrying:
+                raise ReplicaFailed("The replicas failed before the first token; retry later.",
+                                    headers={"Retry-After": "1"}) from exc
+            continue
+        finally:
+            await asyncio.shield(lease.release())
+        if progress.final is None:
+            raise ReplicaFailed("The replica ended the stream without a final response.")
+        await _report(container.router.finished(
+            lease, progress.final.num_input_tokens or len(prepared.prompt_token_ids),
+            progress.final.num_cached_tokens))
+        return
+
+
+async def _release_slot(slot: Slot | None, prepared: Prepared) -> None:
     if slot is not None:
         try:
             await slot.release()
         except Exception:  # noqa: BLE001 - the slot expires after its TTL anyway
             logger.exception("admission slot release failed for %s", prepared.request_id)
+    return None
+
+
+async def _finish(container: Container, prepared: Prepared, progress: _Progress,
+                  result: Result | None, slot: Slot | None) -> None:
+    await _release_slot(slot, prepared)
     try:
         if prepared.claim is not None:
             if result is not None:

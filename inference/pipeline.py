@@ -6,11 +6,12 @@ import asyncio
 import json
 import logging
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
 
+from inference.canary import choose_version, sticky_key
 from inference.container import Container
 from inference.errors import (
     InvalidRequest,
@@ -22,6 +23,7 @@ from inference.errors import (
 from inference.idempotency import Claim, Replay, fingerprint, validate_key
 from inference.quota import Charge, admit, current_headers
 from inference.schemas import GenerationRequest, parse_request
+from models_registry.rollouts.fallbacks import FAILED, UNAVAILABLE
 from models_registry.selectors import ServingVersion
 from tenants.auth import AuthenticationFailed, Principal, authenticate, bearer_token
 
@@ -43,6 +45,10 @@ class Prepared:
     max_tokens: int
     claim: Claim | None  # None: no Idempotency-Key
     charge: Charge  # what the tenant's buckets were charged (corrected when the request ends)
+    # Canary rollouts: `target` is the canary; `fallback` (stable) serves the request if no
+    # canary replica can (see generation.py). None: `target` is the only version to try.
+    fallback: ServingVersion | None = None
+    rollout_id: int | None = None
 
     @property
     def quota_headers(self) -> dict[str, str]:
@@ -131,16 +137,77 @@ async def quota_headers_for(container: Container, authorization: str | None) -> 
         return {}
 
 
-async def prepare(container: Container, endpoint: str, authorization: str | None,
-                  body: object, idempotency_key: str | None) -> Prepared | Replayed:
-    """Raises ApiError subclasses for every refusal (401, 400, 404, 409, 422, 429)."""
-    principal = await authenticate_header(container, authorization)
-    request = parse_request(endpoint, body)
-    target = await container.catalog.get(request.model, principal.tenant_id)
+async def record_fallback(container: Container, rollout_id: int, reason: str) -> None:
+    try:
+        await container.fallbacks.record(rollout_id, reason)
+    except Exception:  # noqa: BLE001 - bookkeeping of the canary; the request goes on
+        logger.exception("canary fallback of rollout %s not counted", rollout_id)
+
+
+async def _choose_version(container: Container, stable: ServingVersion, principal: Principal,
+                          request: GenerationRequest, conversation_id: str | None,
+                          idempotency_key: str | None):
+    """The live rollout's split; a canary without a ready replica sends the request to stable
+    at once (counted as an `unavailable` fallback, not an error of the canary)."""
+    rollout = await container.rollouts.get(stable.model_name)
+    choice = choose_version(stable, rollout, principal.tenant_id,
+                            sticky_key(request, conversation_id, idempotency_key))
+    if choice.fallback is not None and await container.router.num_ready(
+            choice.target.model_version_id) == 0:
+        await record_fallback(container, choice.rollout_id, UNAVAILABLE)
+        return stable, None, None
+    return choice.target, choice.fallback, choice.rollout_id
+
+
+async def retarget(container: Container, prepared: Prepared) -> Prepared:
+    """The same request on its fallback (stable) version: tokenized again when the tokenizer
+    differs, max_tokens capped to the fallback's context window."""
+    target = prepared.fallback
     if target is None:
+        raise ValueError("this request has no fallback version")
+    prompt_text, prompt_ids = prepared.prompt_text, list(prepared.prompt_token_ids)
+    if (target.tokenizer, target.weights_uri) != (prepared.target.tokenizer,
+                                                  prepared.target.weights_uri):
+        prompt_text, prompt_ids = await _tokenize(container, target, prepared.request)
+    room = target.context_length - len(prompt_ids)
+    if room < 1:
+        raise InvalidRequest(f"The prompt has {len(prompt_ids)} tokens; the context window is "
+                             f"{target.context_length}.", code="context_length_exceeded",
+                             param="messages")
+    return replace(prepared, target=target, fallback=None, prompt_text=prompt_text,
+                   prompt_token_ids=tuple(prompt_ids), max_tokens=min(prepared.max_tokens, room))
+
+
+async def prepare(container: Container, endpoint: str, authorization: str | None,
+                  body: object, idempotency_key: str | None,
+                  conversation_id: str | None = None) -> Prepared | Replayed:
+    """Raises ApiError subclasses for every refusal (401, 400, 404, 409, 422, 429).
+    `conversation_id` (the X-Conversation-Id header) keeps a conversation on one version
+    while a canary rollout runs."""
+    principal = await authenticate_header(container, authorization)
+    return await prepare_as(container, endpoint, principal, body, idempotency_key)
+
+
+async def prepare_as(container: Container, endpoint: str, principal: Principal,
+                     body: object, idempotency_key: str | None) -> Prepared | Replayed:
+    """`prepare` for a principal already authenticated some other way (the dashboard's
+    playground: a logged-in member of the tenant). Same refusals, minus the 401s."""
+    request = parse_request(endpoint, body)
+    stable = await container.catalog.get(request.model, principal.tenant_id)
+    if stable is None:
         raise NotFound(f"The model '{request.model}' does not exist or you do not have access "
                        "to it.", param="model")
-    prompt_text, prompt_ids = await _tokenize(container, target, request)
+    target, fallback, rollout_id = await _choose_version(
+        container, stable, principal, request, conversation_id, idempotency_key)
+    try:
+        prompt_text, prompt_ids = await _tokenize(container, target, request)
+    except ServiceUnavailable:
+        if fallback is None:
+            raise
+        # The canary's tokenizer cannot load: a broken canary, not the customer's problem.
+        await record_fallback(container, rollout_id, FAILED)
+        target, fallback, rollout_id = fallback, None, None
+        prompt_text, prompt_ids = await _tokenize(container, target, request)
     max_tokens = _max_tokens(request, len(prompt_ids), target.context_length)
     claim = None
     if idempotency_key is not None:
@@ -168,4 +235,6 @@ async def prepare(container: Container, endpoint: str, authorization: str | None
         max_tokens=max_tokens,
         claim=claim,
         charge=charge,
+        fallback=fallback,
+        rollout_id=rollout_id,
     )

@@ -1,63 +1,43 @@
 """The router: which ready replica of a model version serves a request.
 
-A policy is one pure function of a snapshot, `choose(request, candidates) -> candidate`,
-registered by name in POLICIES (issue 5 adds more). The live signal here is each replica's
-outstanding tokens (prompt not yet prefilled + output still allowed), kept in one Redis hash
-per model version so every platform process sees the same load.
+`Router.acquire` builds a snapshot and asks the model's policy (inference/policies.py, pure
+functions registered by name) to choose. The snapshot's live signals, all shared in Redis by
+every platform process:
+- outstanding tokens per replica: what the platform has sent and not yet seen done (prompt
+  tokens not expected from the prefix cache, until the first token; output still allowed);
+- the replica's own metrics (free KV blocks, waiting sequences), polled about every second
+  (inference/replica_signals.py), absent when stale;
+- the prefix index (inference/prefix_index.py): leading prompt blocks each replica recently got;
+- the circuit breaker per replica (inference/circuit.py): open circuits get nothing; a
+  half-open one gets exactly one probe request, ahead of the policy.
+Only `ready` replicas are candidates (the registry's state; a draining replica finishes its
+streams but gets nothing new).
 
 Invariant: every `acquire` is matched by exactly one `Lease.release`, which returns all the
 tokens the lease still holds; counts therefore return to zero when the fleet is idle.
 """
 from __future__ import annotations
 
+import logging
 import random
 from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from typing import Callable
 
+from inference.circuit import HALF_OPEN, OPEN, CircuitBreaker
+from inference.policies import (  # noqa: F401 - re-exported: the router's public names
+    DEFAULT_POLICY,
+    POLICIES,
+    Candidate,
+    LeastOutstandingTokens,
+    RouteRequest,
+    RoutingPolicy,
+)
+from inference.prefix_index import PrefixIndex
+from inference.replica_signals import SignalPoller, SignalStore
+from inference.routing_stats import RoutingStats
 from models_registry.selectors import ReplicaInfo, ServingVersion, ready_replicas, serving_version
 
-
-@dataclass(frozen=True)
-class RouteRequest:
-    tenant_id: int
-    num_prompt_tokens: int
-    max_tokens: int
-
-    @property
-    def cost_tokens(self) -> int:
-        return self.num_prompt_tokens + self.max_tokens
-
-
-@dataclass(frozen=True)
-class Candidate:
-    replica: ReplicaInfo
-    outstanding_tokens: int
-
-
-class RoutingPolicy(Protocol):
-    name: str
-
-    def choose(self, request: RouteRequest, candidates: list[Candidate]) -> Candidate:
-        """Pick one of `candidates` (never empty); must not mutate them."""
-
-
-class LeastOutstandingTokens:
-    """The candidate with the fewest outstanding tokens; ties broken at random so concurrent
-    requests from several processes do not all land on the same idle replica."""
-
-    name = "least_outstanding_tokens"
-
-    def __init__(self, rng: random.Random):
-        self._rng = rng
-
-    def choose(self, request: RouteRequest, candidates: list[Candidate]) -> Candidate:
-        least = min(c.outstanding_tokens for c in candidates)
-        return self._rng.choice([c for c in candidates if c.outstanding_tokens == least])
-
-
-POLICIES: dict[str, Callable[[random.Random], RoutingPolicy]] = {
-    LeastOutstandingTokens.name: LeastOutstandingTokens,
-}
+logger = logging.getLogger(__name__)
 
 
 class NoReplicaReady(Exception):
@@ -90,9 +70,12 @@ class Lease:
     replica: ReplicaInfo
     model_version_id: int
     counter: OutstandingTokens
-    num_prompt_tokens: int
+    num_prompt_tokens: int  # prompt tokens charged (those not expected from the prefix cache)
     held_tokens: int
     prompt_released: bool = field(default=False)
+    policy: str = ""
+    block_hashes: tuple[int, ...] = ()
+    is_probe: bool = False  # the half-open circuit's single probe
 
     async def release_prompt(self) -> None:
         """The prompt is prefilled (first token seen): it no longer loads the replica."""
@@ -146,33 +129,109 @@ class ServingCatalog:
         return target
 
 
+@dataclass
+class RoutingState:
+    """The router's shared state in Redis."""
+
+    redis: object
+    key_prefix: str
+    prefix_index: PrefixIndex
+    signals: SignalStore
+    circuit: CircuitBreaker
+    stats: RoutingStats
+
+    def sequence_key(self, model_version_id: int) -> str:
+        return f"{self.key_prefix}route-seq:{model_version_id}"
+
+
 class Router:
-    def __init__(self, directory: ReplicaDirectory, counter: OutstandingTokens, rng: random.Random):
+    def __init__(self, directory: ReplicaDirectory, counter: OutstandingTokens, rng: random.Random,
+                 state: RoutingState, poller: SignalPoller | None = None):
         self._directory = directory
         self._counter = counter
         self._rng = rng
+        self.state = state
+        self._poller = poller
 
     async def num_ready(self, model_version_id: int) -> int:
         return len(await self._directory.ready(model_version_id))
 
     def policy(self, name: str) -> RoutingPolicy:
-        factory = POLICIES.get(name, LeastOutstandingTokens)
+        factory = POLICIES.get(name)
+        if factory is None:  # the admin validates names; an old row may still hold another
+            logger.warning("unknown routing policy %r: using %s", name, DEFAULT_POLICY)
+            factory = POLICIES[DEFAULT_POLICY]
         return factory(self._rng)
+
+    async def snapshot(self, model_version_id: int, replicas: list[ReplicaInfo],
+                       request: RouteRequest) -> tuple[RouteRequest, list[Candidate]]:
+        ids = [r.replica_id for r in replicas]
+        sequence = await self.state.redis.incr(self.state.sequence_key(model_version_id))
+        loads = await self._counter.read(model_version_id, ids)
+        signals = await self.state.signals.read(ids)
+        prefix = await self.state.prefix_index.match(model_version_id, request.block_hashes, ids)
+        candidates = []
+        for r in replicas:
+            s = signals.get(r.replica_id)
+            candidates.append(Candidate(
+                r, loads[r.replica_id], prefix_blocks=prefix[r.replica_id],
+                kv_free_blocks=s.kv_free_blocks if s else None,
+                kv_total_blocks=s.kv_total_blocks if s else None,
+                waiting_seqs=s.waiting_seqs if s else None))
+        return RouteRequest(request.tenant_id, request.num_prompt_tokens, request.max_tokens,
+                            request.block_hashes, sequence), candidates
 
     async def acquire(self, model_version_id: int, policy_name: str, request: RouteRequest,
                       exclude: frozenset[int] = frozenset()) -> Lease:
-        replicas = [r for r in await self._directory.ready(model_version_id)
-                    if r.replica_id not in exclude]
+        ready = await self._directory.ready(model_version_id)
+        if self._poller is not None:
+            self._poller.watch(ready)
+        replicas = [r for r in ready if r.replica_id not in exclude]
+        circuits = await self.state.circuit.states([r.replica_id for r in replicas])
+        for r in replicas:
+            if circuits[r.replica_id] == HALF_OPEN and await self.state.circuit.try_probe(r.replica_id):
+                return await self._lease(model_version_id, policy_name, request,
+                                         Candidate(r, 0), is_probe=True)
+        replicas = [r for r in replicas if circuits[r.replica_id] not in (OPEN, HALF_OPEN)]
         if not replicas:
             raise NoReplicaReady()
-        loads = await self._counter.read(model_version_id, [r.replica_id for r in replicas])
-        candidates = [Candidate(r, loads[r.replica_id]) for r in replicas]
+        request, candidates = await self.snapshot(model_version_id, replicas, request)
         chosen = self.policy(policy_name).choose(request, candidates)
-        await self._counter.add(model_version_id, chosen.replica.replica_id, request.cost_tokens)
+        return await self._lease(model_version_id, policy_name, request, chosen)
+
+    async def _lease(self, model_version_id: int, policy_name: str, request: RouteRequest,
+                     chosen: Candidate, is_probe: bool = False) -> Lease:
+        replica_id = chosen.replica.replica_id
+        prompt = request.num_prompt_tokens - chosen.hit_tokens(request)
+        await self._counter.add(model_version_id, replica_id, prompt + request.max_tokens)
+        await self.state.prefix_index.record(model_version_id, request.block_hashes, replica_id)
+        await self.state.stats.add(model_version_id, replica_id, policy_name, routed=1)
         return Lease(
             replica=chosen.replica,
             model_version_id=model_version_id,
             counter=self._counter,
-            num_prompt_tokens=request.num_prompt_tokens,
-            held_tokens=request.cost_tokens,
+            num_prompt_tokens=prompt,
+            held_tokens=prompt + request.max_tokens,
+            policy=policy_name,
+            block_hashes=request.block_hashes,
+            is_probe=is_probe,
         )
+
+    # ---- outcomes (inference/generation.py reports them) ---------------------------------------
+
+    async def first_token(self, lease: Lease) -> None:
+        await self.state.circuit.record_success(lease.replica.replica_id)
+
+    async def failed(self, lease: Lease, *, before_first_token: bool, retrying: bool) -> None:
+        """A replica fault: counts toward its circuit; before the first token the replica
+        computed nothing we can count on, so the prefix index forgets this prompt there."""
+        rid = lease.replica.replica_id
+        opened = await self.state.circuit.record_failure(rid)
+        await self.state.stats.add(lease.model_version_id, rid, lease.policy, failures=1,
+                                   retries=int(retrying), circuit_opened=int(opened))
+        if before_first_token:
+            await self.state.prefix_index.forget(lease.model_version_id, lease.block_hashes, rid)
+
+    async def finished(self, lease: Lease, num_prompt_tokens: int, num_cached_tokens: int) -> None:
+        await self.state.stats.add(lease.model_version_id, lease.replica.replica_id, lease.policy,
+                                   prompt_tokens=num_prompt_tokens, hit_tokens=num_cached_tokens)

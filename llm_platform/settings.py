@@ -26,12 +26,15 @@ INSTALLED_APPS = [
     "django.contrib.sessions",
     "django.contrib.messages",
     "django.contrib.staticfiles",
+    "django.contrib.humanize",
     "rest_framework",
     "channels",
     "tenants",
     "models_registry",
     "inference",
     "billing",
+    "dashboard",
+    "consoles",  # last: its post_migrate sets up the role groups once every permission exists
 ]
 
 MIDDLEWARE = [
@@ -107,6 +110,25 @@ CELERY_BEAT_SCHEDULE = {
 }
 CELERY_TIMEZONE = "UTC"
 
+# --- Fleet control: node agents, lifecycle, autoscaler ------------------------------------------
+# A node agent heartbeats every NODE_HEARTBEAT_SECONDS (its own env); a node silent this long is
+# presumed lost: its replicas fail and are replaced elsewhere.
+NODE_LOST_AFTER_SECONDS = env_float("NODE_LOST_AFTER_SECONDS", 15.0)
+AUTOSCALER_INTERVAL_SECONDS = env_float("AUTOSCALER_INTERVAL_SECONDS", 5.0)
+# With no replica ready but one loading (or scale to zero on), a request waits this long for
+# the first replica instead of a 503.
+COLD_START_MAX_WAIT_SECONDS = env_float("COLD_START_MAX_WAIT_SECONDS", 180.0)
+CELERY_BEAT_SCHEDULE.update({
+    "autoscale": {
+        "task": "models_registry.tasks.autoscale",
+        "schedule": AUTOSCALER_INTERVAL_SECONDS,
+    },
+    "detect-lost-nodes": {
+        "task": "models_registry.tasks.detect_lost_nodes_task",
+        "schedule": env_float("LOST_NODE_CHECK_INTERVAL_SECONDS", 5.0),
+    },
+})
+
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
 USE_I18N = True
@@ -137,6 +159,21 @@ IDEMPOTENCY_PENDING_TTL_SECONDS = env_int("IDEMPOTENCY_PENDING_TTL_SECONDS", 15 
 NO_REPLICA_RETRY_AFTER_SECONDS = env_int("NO_REPLICA_RETRY_AFTER_SECONDS", 5)
 # How many replicas a request tries when one fails before its first token.
 ROUTER_MAX_ATTEMPTS = env_int("ROUTER_MAX_ATTEMPTS", 3)
+# Routing (inference/router.py). The prefix index forgets a replica's blocks after this long
+# without a request sending them there (the replica's LRU has likely evicted them by then).
+ROUTER_PREFIX_TTL_SECONDS = env_float("ROUTER_PREFIX_TTL_SECONDS", 300.0)
+# Leading prompt blocks hashed for prefix affinity (16 tokens each).
+ROUTER_PREFIX_MAX_BLOCKS = env_int("ROUTER_PREFIX_MAX_BLOCKS", 128)
+# Each replica's metrics port is polled this often (one process per tick polls each replica);
+# its signals expire after ROUTER_SIGNALS_TTL_SECONDS without a successful poll. 0 = no polling.
+ROUTER_SIGNALS_INTERVAL_SECONDS = env_float("ROUTER_SIGNALS_INTERVAL_SECONDS", 1.0)
+ROUTER_SIGNALS_TTL_SECONDS = env_float("ROUTER_SIGNALS_TTL_SECONDS", 3.0)
+ROUTER_SIGNALS_TIMEOUT_SECONDS = env_float("ROUTER_SIGNALS_TIMEOUT_SECONDS", 0.5)
+# Circuit breaker per replica: this many consecutive faults open it for the cool-down; then one
+# probe request may go (its claim lapses after the probe timeout if its process dies).
+ROUTER_CIRCUIT_FAILURES = env_int("ROUTER_CIRCUIT_FAILURES", 3)
+ROUTER_CIRCUIT_COOLDOWN_SECONDS = env_float("ROUTER_CIRCUIT_COOLDOWN_SECONDS", 10.0)
+ROUTER_CIRCUIT_PROBE_TIMEOUT_SECONDS = env_float("ROUTER_CIRCUIT_PROBE_TIMEOUT_SECONDS", 30.0)
 # Model versions and ready-replica lists are read from PostgreSQL at most this often per process
 # (a registry change reaches every process within this time).
 REGISTRY_CACHE_TTL_SECONDS = env_float("REGISTRY_CACHE_TTL_SECONDS", 1.0)
@@ -198,3 +235,28 @@ CELERY_BEAT_SCHEDULE.update({
         "schedule": env_float("BILLING_INVOICE_INTERVAL_SECONDS", 3600.0),
     },
 })
+
+# --- Canary rollouts --------------------------------------------------------------------------
+# How often Celery beat evaluates live rollouts (advance, promote or roll back).
+ROLLOUT_EVALUATE_INTERVAL_SECONDS = env_float("ROLLOUT_EVALUATE_INTERVAL_SECONDS", 30.0)
+# The quality probe waits at most this long for one answer of a replica.
+ROLLOUT_PROBE_TIMEOUT_SECONDS = env_float("ROLLOUT_PROBE_TIMEOUT_SECONDS", 120.0)
+CELERY_BEAT_SCHEDULE.update({
+    "rollout-evaluator": {
+        "task": "models_registry.tasks.evaluate_rollouts",
+        "schedule": ROLLOUT_EVALUATE_INTERVAL_SECONDS,
+    },
+})
+
+# --- Consoles (staff admin console, tenant dashboard) -------------------------------------------
+LOGIN_URL = "/dashboard/login/"
+# Sessions (admin and dashboard) end this long after log-in, whatever happens in between.
+SESSION_COOKIE_AGE = env_int("SESSION_COOKIE_AGE", 8 * 3600)
+SESSION_COOKIE_HTTPONLY = True
+SESSION_COOKIE_SAMESITE = "Lax"
+SESSION_COOKIE_SECURE = env_bool("SESSION_COOKIE_SECURE", False)  # true behind HTTPS
+CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
+# daphne serves /static/ itself (admin and dashboard CSS/JS; no CDN, nothing from outside).
+SERVE_STATIC = env_bool("SERVE_STATIC", True)
+# How often the live fleet page receives replica loads (seconds).
+FLEET_LOAD_INTERVAL_SECONDS = env_float("FLEET_LOAD_INTERVAL_SECONDS", 2.0)

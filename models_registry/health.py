@@ -1,7 +1,9 @@
 """Replica health: ask each live replica's Triton server whether its model is ready.
 
-loading -> ready once the model answers ready; ready -> failed when the server does not
-answer. `draining` and `stopped` are operator/launcher decisions and are left alone.
+loading -> ready once the model answers ready (only replicas registered by hand: a node agent
+promotes its own after a warm-up request); ready -> failed when the server does not answer.
+`draining` and `stopped` are operator/launcher decisions and are left alone. Every change is a
+recorded lifecycle transition.
 """
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import tritonclient.grpc.aio as triton_aio
 from asgiref.sync import sync_to_async
 from django.utils import timezone
 
+from models_registry.lifecycle import transition
 from models_registry.models import Replica
 
 
@@ -21,6 +24,7 @@ class Probe:
     grpc_address: str
     model_name: str
     state: str
+    managed: bool = False
 
 
 async def _is_model_ready(probe: Probe, timeout_s: float) -> bool:
@@ -33,8 +37,8 @@ async def _is_model_ready(probe: Probe, timeout_s: float) -> bool:
         await client.close()
 
 
-def _next_state(state: str, ready: bool) -> str:
-    if state in {Replica.State.LOADING, Replica.State.FAILED} and ready:
+def _next_state(state: str, ready: bool, managed: bool = False) -> str:
+    if state in {Replica.State.LOADING, Replica.State.FAILED} and ready and not managed:
         return Replica.State.READY
     if state == Replica.State.READY and not ready:
         return Replica.State.FAILED
@@ -44,21 +48,22 @@ def _next_state(state: str, ready: bool) -> str:
 async def check_replicas(timeout_s: float = 2.0) -> dict[int, str]:
     """Probe every replica in loading/ready/failed; returns replica id -> new state."""
     probes = [
-        Probe(r.pk, r.grpc_address, r.model_version.model.name, r.state)
+        Probe(r.pk, r.grpc_address, r.model_version.model.name, r.state, r.managed)
         async for r in Replica.objects.select_related("model_version__model").filter(
             state__in=[Replica.State.LOADING, Replica.State.READY, Replica.State.FAILED])
+        .exclude(grpc_address="")
     ]
     results = await asyncio.gather(*(_is_model_ready(p, timeout_s) for p in probes))
     states = {}
     now = timezone.now()
     for probe, ready in zip(probes, results):
-        new_state = _next_state(probe.state, ready)
-        fields = {"state": new_state}
+        new_state = _next_state(probe.state, ready, probe.managed)
         if ready:
-            fields["last_heartbeat"] = now
-        # Only if nobody changed the state meanwhile (an operator draining it, say).
-        await sync_to_async(
-            Replica.objects.filter(pk=probe.replica_id, state=probe.state).update
-        )(**fields)
+            await Replica.objects.filter(pk=probe.replica_id).aupdate(last_heartbeat=now)
+        if new_state != probe.state:
+            reason = "health check: model ready" if ready else "health check: no answer"
+            # Only if nobody changed the state meanwhile (an operator draining it, say).
+            await sync_to_async(transition)(probe.replica_id, new_state, reason, now,
+                                            only_from=(probe.state,))
         states[probe.replica_id] = new_state
     return states

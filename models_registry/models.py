@@ -7,12 +7,22 @@ from django.db import models
 class Model(models.Model):
     """A name customers send as `model`; also the model's name in the Triton repository."""
 
+    class RoutingPolicy(models.TextChoices):
+        # The names of inference.policies.POLICIES (a test keeps the two lists equal).
+        BALANCED = "balanced"  # outstanding tokens + free KV blocks + prefix overlap
+        PREFIX_AFFINITY = "prefix_affinity"
+        LEAST_OUTSTANDING_TOKENS = "least_outstanding_tokens"
+        ROUND_ROBIN = "round_robin"  # a baseline only
+
     name = models.SlugField(max_length=100, unique=True)
     description = models.TextField(blank=True, default="")
     # Public models are open to every tenant; others only to `tenants`.
     is_public = models.BooleanField(default=True)
     tenants = models.ManyToManyField("tenants.Tenant", blank=True, related_name="models")
-    routing_policy = models.CharField(max_length=64, default="least_outstanding_tokens")
+    # Read by the request path through a cache of REGISTRY_CACHE_TTL_SECONDS: an admin change
+    # reaches every process within that time.
+    routing_policy = models.CharField(max_length=64, choices=RoutingPolicy.choices,
+                                      default=RoutingPolicy.BALANCED)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -62,9 +72,19 @@ class Node(models.Model):
     accelerator = models.CharField(max_length=64, blank=True, default="cpu")
     is_schedulable = models.BooleanField(default=True)
     last_heartbeat = models.DateTimeField(null=True, blank=True)
+    # Capacity the node agent announced (CPU slots stand for GPUs here); 0 = not an agent's node.
+    cpu_slots = models.PositiveIntegerField(default=0)
+    memory_mib = models.PositiveIntegerField(default=0)
+    # Set when heartbeats stopped and the node was presumed lost; cleared when it registers again.
+    lost_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["name"]
+
+    @property
+    def queue(self) -> str:
+        """The Celery queue its agent consumes."""
+        return f"node.{self.name}"
 
     def __str__(self) -> str:
         return self.name
@@ -82,19 +102,41 @@ class Replica(models.Model):
 
     model_version = models.ForeignKey(ModelVersion, on_delete=models.CASCADE, related_name="replicas")
     node = models.ForeignKey(Node, on_delete=models.SET_NULL, null=True, blank=True, related_name="replicas")
-    grpc_address = models.CharField(max_length=200)  # host:port
+    grpc_address = models.CharField(max_length=200, blank=True)  # host:port
     metrics_address = models.CharField(max_length=200, blank=True, default="")  # host:port
     state = models.CharField(max_length=16, choices=State.choices, default=State.LOADING)
     zone = models.CharField(max_length=64, blank=True, default="")
     last_heartbeat = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
+    # Placed by the fleet (a node agent starts and stops it, and alone promotes it to ready after
+    # a warm-up request); False for replicas registered by hand (`registerreplica`).
+    managed = models.BooleanField(default=False)
+    cpu_slots = models.PositiveIntegerField(default=0)  # capacity reserved on its node
+    memory_mib = models.PositiveIntegerField(default=0)
+    load_seconds = models.FloatField(null=True, blank=True)  # start -> ready, measured by the agent
+    server_pid = models.IntegerField(null=True, blank=True)  # tritonserver's pid on its node
 
     class Meta:
         ordering = ["model_version", "grpc_address"]
         constraints = [
-            models.UniqueConstraint(fields=["grpc_address"], condition=~models.Q(state="stopped"),
-                                    name="unique_live_replica_address")
+            # A placed replica has no address until its agent picks ports.
+            models.UniqueConstraint(
+                fields=["grpc_address"],
+                condition=~models.Q(state__in=["stopped", "failed"]) & ~models.Q(grpc_address=""),
+                name="unique_live_replica_address")
         ]
 
     def __str__(self) -> str:
         return f"{self.model_version} @ {self.grpc_address} ({self.state})"
+
+
+# The fleet's own tables (scaling policy, transitions, decisions, rate samples) live in
+# fleet_models.py; importing them here registers them with the app.
+from models_registry.fleet_models import (  # noqa: E402,F401
+    RateSample,
+    ReplicaTransition,
+    ScalingDecision,
+    ScalingPolicy,
+)
+# Canary rollouts live in their own module; imported here so Django registers them.
+from models_registry.rollout_models import Rollout, RolloutStep  # noqa: E402,F401

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 from django.db.models import Q
 
-from models_registry.models import Model, ModelVersion, Replica
+from models_registry.models import Model, ModelVersion, Replica, ScalingPolicy
 
 
 @dataclass(frozen=True)
@@ -95,3 +95,13 @@ async def ready_replicas(model_version_id: int) -> list[ReplicaInfo]:
 
 async def any_ready_replica() -> bool:
     return await Replica.objects.filter(state=Replica.State.READY).aexists()
+
+
+async def can_cold_start(model_version_id: int) -> bool:
+    """No replica is ready, but one is loading, or the version scales from zero: a request
+    should wait for the first replica instead of being refused."""
+    if await Replica.objects.filter(model_version_id=model_version_id,
+                                    state=Replica.State.LOADING).aexists():
+        return True
+    return await ScalingPolicy.objects.filter(model_version_id=model_version_id, enabled=True,
+                                              scale_to_zero=True).aexists()

@@ -17,8 +17,10 @@ def ensure_model_version(
     quantization: str = "",
     hardware: dict | None = None,
     is_public: bool = True,
+    state: str = ModelVersion.State.ACTIVE,
 ) -> ModelVersion:
-    """Create the model and version, or update the version's fields if they exist."""
+    """Create the model and version, or update the version's fields if they exist. A version
+    meant as a canary is registered `staging`, so it serves nothing before its rollout."""
     with transaction.atomic():
         model, _ = Model.objects.get_or_create(name=model_name, defaults={"is_public": is_public})
         model_version, _ = ModelVersion.objects.update_or_create(
@@ -30,7 +32,7 @@ def ensure_model_version(
                 "context_length": context_length,
                 "quantization": quantization,
                 "hardware": hardware or {},
-                "state": ModelVersion.State.ACTIVE,
+                "state": state,
             },
         )
     return model_version

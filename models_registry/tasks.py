@@ -1,10 +1,56 @@
 import asyncio
 
+import redis
 from celery import shared_task
+from django.conf import settings
+from django.utils import timezone
 
+from models_registry import agent_tasks  # noqa: F401 - registers the node agent's tasks
+from models_registry.autoscaling import FleetContext, autoscale_all
+from models_registry.dispatch import CeleryDispatcher
 from models_registry.health import check_replicas
+from models_registry.nodes import detect_lost_nodes
 
 
 @shared_task(ignore_result=True)
 def check_replica_health() -> dict[int, str]:
     return asyncio.run(check_replicas())
+
+
+def fleet_context(client) -> FleetContext:
+    return FleetContext(redis=client, key_prefix=settings.REDIS_KEY_PREFIX,
+                        dispatcher=CeleryDispatcher(), tick_s=settings.AUTOSCALER_INTERVAL_SECONDS,
+                        lost_after_s=settings.NODE_LOST_AFTER_SECONDS)
+
+
+@shared_task(ignore_result=True)
+def autoscale() -> list[str]:
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    try:
+        return [f"{d.model_version_id}:{d.action}:{d.desired_replicas}"
+                for d in autoscale_all(timezone.now(), fleet_context(client))]
+    finally:
+        client.close()
+
+
+@shared_task(ignore_result=True)
+def detect_lost_nodes_task() -> dict[str, list[int]]:
+    return detect_lost_nodes(timezone.now(), lost_after_s=settings.NODE_LOST_AFTER_SECONDS,
+                             dispatcher=CeleryDispatcher())
+
+
+@shared_task(ignore_result=True)
+def evaluate_rollouts() -> dict[int, str]:
+    """Canary evaluator: advance, promote or roll back each running rollout."""
+    from inference.tokenization import TokenizerCache  # noqa: PLC0415 - the request path's
+    from models_registry.rollouts.evaluator import RolloutEvaluator  # noqa: PLC0415
+    from models_registry.rollouts.replica_probe import ReplicaProbe  # noqa: PLC0415
+
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    try:
+        evaluator = RolloutEvaluator(
+            clock=timezone.now, redis=client, key_prefix=settings.REDIS_KEY_PREFIX,
+            probe=ReplicaProbe(TokenizerCache(), timeout_s=settings.ROLLOUT_PROBE_TIMEOUT_SECONDS))
+        return evaluator.evaluate_all()
+    finally:
+        client.close()

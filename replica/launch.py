@@ -15,7 +15,15 @@ import time
 from pathlib import Path
 
 from replica.backend.model_parameters import ModelParameters
+from replica.engine.config import normalize_quantization
 from replica.replica_process import LaunchError, ReplicaProcess, ReplicaSpec
+
+
+def quantization_arg(value: str) -> str:
+    try:
+        return normalize_quantization(value)
+    except ValueError as exc:  # argparse prints it and exits 2
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -26,6 +34,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--dtype", choices=("auto", "bfloat16", "float32"), default=defaults.dtype,
                         help="auto: bfloat16 on CUDA; on a CPU the faster of bfloat16 and float32 (measured at load)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default=defaults.device)
+    parser.add_argument("--quantization", type=quantization_arg, default=defaults.quantization,
+                        help="weights: none (the dtype above) | int8 (per output channel, quantised at load); "
+                             "a ModelVersion.quantization value, '' meaning none. int4 is not built")
     parser.add_argument("--kv-cache-bytes", type=int, default=defaults.kv_cache_bytes)
     parser.add_argument("--max-num-seqs", type=int, default=defaults.max_num_seqs)
     parser.add_argument("--max-num-batched-tokens", type=int, default=defaults.max_num_batched_tokens)
@@ -49,6 +60,7 @@ def spec_from_args(args: argparse.Namespace) -> ReplicaSpec:
             weights=args.weights,
             dtype=args.dtype,
             device=args.device,
+            quantization=args.quantization,
             kv_cache_bytes=args.kv_cache_bytes,
             max_num_seqs=args.max_num_seqs,
             max_num_batched_tokens=args.max_num_batched_tokens,
@@ -77,6 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"replica ready: model={args.model} grpc={args.grpc_port} http={args.http_port} "
         f"metrics={args.metrics_port} pid={replica.pid} weights={replica.weights_path} "
+        f"quantization={args.quantization} "
         f"in {time.monotonic() - started:.1f}s (log: {replica.log_path})",
         flush=True,
     )

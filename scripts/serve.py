@@ -1,9 +1,11 @@
 """`make serve`: the whole platform on this machine, stopped together with Ctrl-C.
 
 PostgreSQL and Redis (given, local, or embedded under ./var/), migrations, the demo fleet
-(tenant `demo` with one API key printed once; model `chat-small` v1 = bundled SmolLM2), one
-Triton replica (replica.launch), daphne, the billing consumer, a Celery worker and Celery beat.
-Logs: var/logs/.
+(tenant `demo` with one API key printed once; model `chat-small` v1 = bundled SmolLM2, with a
+scaling policy of one replica), one node agent (node `local`: a Celery worker on `node.local`),
+daphne, the billing consumer, a Celery worker and Celery beat. Beat's autoscaler places the
+replica on the node; the agent starts it through replica.launch and marks it ready after a
+warm-up request. Logs: var/logs/ (the replica's: var/logs/agents/).
 """
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ import httpx
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from scripts.services import ensure_services, free_port  # noqa: E402
+from scripts.services import ensure_services  # noqa: E402
 
 VAR = REPO / "var"
 LOGS = VAR / "logs"
@@ -68,7 +70,7 @@ class Supervisor:
                 os.killpg(proc.pid, signal.SIGTERM)
         for name, proc in reversed(self.procs):
             try:
-                proc.wait(60 if name == "replica" else 20)  # the replica drains first
+                proc.wait(60 if name == "node-agent" else 20)  # the agent drains its replica
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
@@ -112,17 +114,12 @@ def main() -> int:
     }
     env.setdefault("ALLOWED_HOSTS", f"localhost,127.0.0.1,{args.host}")
     supervisor = Supervisor(env)
-    grpc_port, http_port, metrics_port = free_port(), free_port(), free_port()
-    grpc_address = f"127.0.0.1:{grpc_port}"
     try:
         print("migrating ...", flush=True)
         supervisor.manage("migrate", "--noinput")
         print(supervisor.manage("seeddemo"), flush=True)
-        replica = supervisor.start("replica", [
-            "-m", "replica.launch", "--model", "chat-small", "--grpc-port", str(grpc_port),
-            "--http-port", str(http_port), "--metrics-port", str(metrics_port)])
-        supervisor.manage("registerreplica", "chat-small", "--grpc", grpc_address, "--metrics",
-                          f"127.0.0.1:{metrics_port}", "--node", "local", "--state", "loading")
+        supervisor.start("node-agent", ["manage.py", "nodeagent", "--name", "local", "--zone",
+                                        "local", "--cpu-slots", "1", "--memory-mib", "4096"])
         supervisor.start("daphne", ["-m", "daphne", "-b", args.host, "-p", str(args.port),
                                     "llm_platform.asgi:application"])
         # Usage stream -> PostgreSQL; also replays this host's usage outbox (var/billing-outbox).
@@ -133,14 +130,18 @@ def main() -> int:
         supervisor.start("celery-beat", ["-m", "celery", "-A", "llm_platform", "beat",
                                          "--loglevel", "INFO", "--schedule",
                                          str(VAR / "celerybeat-schedule")])
-        print(f"waiting for the replica (log: {LOGS / 'replica.log'}) ...", flush=True)
-        if wait_ready(f"http://127.0.0.1:{http_port}/v2/models/chat-small/ready", replica, stop,
-                      "the replica", 900):
-            supervisor.manage("registerreplica", "chat-small", "--grpc", grpc_address,
-                              "--metrics", f"127.0.0.1:{metrics_port}", "--node", "local",
-                              "--state", "ready")
+        print(f"waiting for the replica (logs: {LOGS / 'agents'}) ...", flush=True)
+        waiter = subprocess.Popen([sys.executable, "manage.py", "waitreplica", "chat-small"],
+                                  cwd=REPO, env=env)
+        while waiter.poll() is None and not stop.is_set():
+            stop.wait(0.5)
+        if waiter.poll() is None:
+            waiter.terminate()
+            waiter.wait()
+        if waiter.returncode == 0:
             base = f"http://{args.host}:{args.port}"
-            print(f"\nAPI base URL: {base}/v1   (admin: {base}/admin/, logs: {LOGS})\n"
+            print(f"\nAPI base URL: {base}/v1   (admin: {base}/admin/, tenant dashboard: "
+                  f"{base}/dashboard/ after `manage.py createmember USER demo`, logs: {LOGS})\n"
                   f"try: curl -N {base}/v1/chat/completions -H 'Authorization: Bearer <key>' "
                   "-H 'Content-Type: application/json' -d '{\"model\": \"chat-small\", "
                   "\"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}], \"stream\": true}'\n"
@@ -158,9 +159,7 @@ def main() -> int:
         print(f"make serve failed: {exc}", file=sys.stderr, flush=True)
         return_code = 1
     finally:
-        supervisor.manage("registerreplica", "chat-small", "--grpc", grpc_address,
-                          "--state", "stopped", check=False)
-        supervisor.stop_all()
+        supervisor.stop_all()  # the node agent drains and stops its replica
         services.stop()
         print("stopped.", flush=True)
     return return_code

@@ -82,6 +82,22 @@ return {string.format('%.17g', req), string.format('%.17g', tok)}
 """
 
 
+def bucket_keys(key_prefix: str, tenant_id: int) -> tuple[str, str]:
+    """The Redis hashes of a tenant's requests and tokens buckets."""
+    base = f"{key_prefix}bucket:{tenant_id}"
+    return f"{base}:requests", f"{base}:tokens"
+
+
+def level_now(stored_level: float | None, stored_ts_ms: int | None, now_ms: int,
+              per_minute: int, burst: int) -> float:
+    """A bucket's level at `now_ms`, refilled as the Lua script would (missing: full)."""
+    if stored_level is None or stored_ts_ms is None:
+        return float(burst)
+    if now_ms <= stored_ts_ms:
+        return stored_level
+    return min(float(burst), stored_level + (now_ms - stored_ts_ms) * per_minute / 60000.0)
+
+
 @dataclass(frozen=True)
 class BucketState:
     """What the x-ratelimit-* headers report after a check (or a peek: not admitted, no wait,
@@ -121,8 +137,7 @@ class TokenBuckets:
         self._peek = redis.register_script(PEEK_SCRIPT)
 
     def keys(self, tenant_id: int) -> tuple[str, str]:
-        base = f"{self._prefix}bucket:{tenant_id}"
-        return f"{base}:requests", f"{base}:tokens"
+        return bucket_keys(self._prefix, tenant_id)
 
     def _now_ms(self) -> int:
         return int(self._clock() * 1000)

@@ -1,6 +1,7 @@
 """Tenants, their tiers and their API keys."""
 from __future__ import annotations
 
+from django.conf import settings
 from django.db import models
 
 
@@ -58,6 +59,9 @@ class ApiKey(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     last_used_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
+    # The dashboard playground's own key (one per tenant): its raw value is thrown away at
+    # creation, it is never listed to members, and usage made through it is the tenant's.
+    is_internal = models.BooleanField(default=False)
 
     class Meta:
         ordering = ["-created_at"]
@@ -68,3 +72,18 @@ class ApiKey(models.Model):
     @property
     def is_revoked(self) -> bool:
         return self.revoked_at is not None
+
+
+class TenantMembership(models.Model):
+    """A Django user who may use a tenant's dashboard. A user belongs to one tenant."""
+
+    user = models.OneToOneField(settings.AUTH_USER_MODEL, on_delete=models.CASCADE,
+                                related_name="tenant_membership")
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="memberships")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["tenant", "user"]
+
+    def __str__(self) -> str:
+        return f"{self.user} @ {self.tenant}"

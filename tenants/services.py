@@ -7,7 +7,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from tenants.keys import generate_key, hash_key
-from tenants.models import ApiKey, Tenant, Tier
+from tenants.models import ApiKey, Tenant, TenantMembership, Tier
 
 DEFAULT_TIERS = {
     # name: (priority, ttft_target_ms, tpot_target_ms, requests/min, tokens/min)
@@ -65,3 +65,23 @@ def revoke_api_key(api_key: ApiKey, redis_client=None, key_prefix: str = "") -> 
 
         redis_client.delete(cache_key(key_prefix, api_key.key_hash))
     return api_key
+
+
+def ensure_internal_key(tenant: Tenant) -> ApiKey:
+    """The tenant's dashboard-playground key: created on first use, its raw value discarded at
+    once (nobody can present it; the dashboard builds its principal from the session)."""
+    with transaction.atomic():
+        existing = (ApiKey.objects.select_for_update()
+                    .filter(tenant=tenant, is_internal=True, revoked_at__isnull=True).first())
+        if existing is not None:
+            return existing
+        raw_key, prefix = generate_key()
+        return ApiKey.objects.create(tenant=tenant, name="dashboard playground", prefix=prefix,
+                                     key_hash=hash_key(raw_key), is_internal=True)
+
+
+def add_member(user, tenant: Tenant) -> TenantMembership:
+    """Give `user` the tenant's dashboard (a user belongs to one tenant)."""
+    membership, _ = TenantMembership.objects.update_or_create(user=user,
+                                                              defaults={"tenant": tenant})
+    return membership

@@ -33,7 +33,8 @@ async def _serve(request, endpoint: str):
             raise PayloadTooLarge(f"The request body exceeds {settings.API_MAX_BODY_BYTES} bytes.")
         await check_key_rate(request)
         outcome = await prepare(container, endpoint, authorization, decode_body(request.body),
-                                request.headers.get("Idempotency-Key"))
+                                request.headers.get("Idempotency-Key"),
+                                request.headers.get("X-Conversation-Id"))
     except ApiError as exc:
         if QUOTA_HEADER not in exc.headers:
             exc.headers = {**await quota_headers_for(container, authorization), **exc.headers}

@@ -10,4 +10,5 @@ from inference.metrics import admission_metrics
 async def metrics_view(request):
     container = current_container()
     body = await admission_metrics(container.redis, container.admission)
+    body += await container.router.state.stats.prometheus(container.router.state.circuit)
     return HttpResponse(body, content_type="text/plain; version=0.0.4; charset=utf-8")

@@ -17,6 +17,7 @@ class ModelParameters:
     weights: str = ""  # "" = the bundled default model
     dtype: str = _DEFAULTS.dtype
     device: str = _DEFAULTS.device  # "cpu" or "cuda" (torch device of the engine)
+    quantization: str = _DEFAULTS.quantization  # "none" | "int8" (ModelVersion.quantization; "" = none)
     kv_cache_bytes: int = _DEFAULTS.kv_cache_bytes
     max_num_seqs: int = _DEFAULTS.max_num_seqs
     max_num_batched_tokens: int = _DEFAULTS.max_num_batched_tokens
@@ -39,6 +40,7 @@ class ModelParameters:
             model_path=self.weights or default_weights,
             dtype=self.dtype,
             device=self.device,
+            quantization=self.quantization,
             kv_cache_bytes=self.kv_cache_bytes,
             max_num_seqs=self.max_num_seqs,
             max_num_batched_tokens=self.max_num_batched_tokens,

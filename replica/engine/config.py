@@ -4,6 +4,30 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+# Weight quantisations (models/quantization.py); the names a ModelVersion.quantization may hold.
+NONE = "none"
+INT8 = "int8"
+INT4 = "int4"
+BUILT = (NONE, INT8)
+
+
+class QuantizationNotBuilt(ValueError):
+    """A quantisation that the engine does not implement (ValueError: launch exits with it)."""
+
+
+def normalize_quantization(name: str | None) -> str:
+    """"" / "none" -> "none"; "int8" -> "int8"; "int4" -> QuantizationNotBuilt; else ValueError."""
+    value = (name or "").strip().lower()
+    if value in ("", NONE):
+        return NONE
+    if value == INT8:
+        return INT8
+    if value == INT4:
+        raise QuantizationNotBuilt(
+            "int4 weights are not built: PyTorch's int4 CPU kernel measured slower than the int8 one at "
+            "every batch size (README, 'Quantised versions'); use int8 or none")
+    raise ValueError(f"unknown quantization {name!r}; use one of {', '.join(BUILT)} (int4 is not built)")
+
 
 @dataclass(frozen=True)
 class ModelConfig:
@@ -39,6 +63,7 @@ class EngineConfig:
     model_path: str  # a GGUF file or a Hugging Face model directory
     dtype: str = "auto"  # bfloat16 | float32 | auto (the faster of the two here; see dtype.py)
     device: str = "cpu"
+    quantization: str = "none"  # none | int8 (weights; int4 is not built): models/quantization.py
     block_size: int = 16
     kv_cache_bytes: int = 256 * 1024 * 1024
     max_num_seqs: int = 128

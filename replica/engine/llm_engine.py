@@ -14,6 +14,7 @@ from replica.engine.dtype import dtype_name, resolve_dtype
 from replica.engine.engine_core import EngineCore, EngineStats
 from replica.engine.kv.manager import KVCacheManager
 from replica.engine.models.llama import LlamaForCausalLM, rope_inv_freq
+from replica.engine.models.quantization import normalize_quantization, quantize_model
 from replica.engine.request import RequestOutput
 from replica.engine.runner.model_runner import ModelRunner, kv_bytes_per_block
 from replica.engine.sampling_params import SamplingParams
@@ -50,9 +51,11 @@ class LLMEngine:
 
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
+        normalize_quantization(config.quantization)  # an unknown or unbuilt one fails before the load
         checkpoint = load_checkpoint(config.model_path)
         dtype = dtype_name(resolve_dtype(config.dtype, config.device))
-        model = build_model(checkpoint.config, checkpoint.state_dict, dtype, config.device)
+        model = build_model(checkpoint.config, checkpoint.state_dict, dtype, config.device,
+                            quantization=config.quantization)
         return cls(config, checkpoint.config, model, checkpoint.tokenizer, **kwargs)
 
     # --- the request API -------------------------------------------------------------------
@@ -87,11 +90,15 @@ class LLMEngine:
         return [outputs[rid] for rid in ids]
 
 
-def build_model(model_config: ModelConfig, state_dict: dict[str, torch.Tensor], dtype: str, device: str) -> LlamaForCausalLM:
+def build_model(model_config: ModelConfig, state_dict: dict[str, torch.Tensor], dtype: str, device: str,
+                quantization: str = "none") -> LlamaForCausalLM:
+    """The model in `dtype` on `device`; with quantization "int8" its projections, embeddings and
+    head hold int8 weights (models/quantization.py)."""
     with torch.device("meta"):
         model = LlamaForCausalLM(model_config)
     model = model.to_empty(device=device)
     model.load_weights(state_dict)
     model = model.to(resolve_dtype(dtype, device)).eval().requires_grad_(False)
     model.inv_freq = rope_inv_freq(model_config).to(device)  # RoPE frequencies stay float32
+    quantize_model(model, quantization)
     return model

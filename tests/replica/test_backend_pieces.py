@@ -69,7 +69,7 @@ def test_invalid_inputs_name_the_problem(inputs, needle):
 
 
 def test_parameters_round_trip_through_config_pbtxt(tmp_path):
-    parameters = ModelParameters(weights='/w/"x".gguf', dtype="float32", device="cuda", kv_cache_bytes=123, max_num_seqs=4,
+    parameters = ModelParameters(weights='/w/"x".gguf', dtype="float32", device="cuda", quantization="int8", kv_cache_bytes=123, max_num_seqs=4,
                                  max_num_batched_tokens=64, num_threads=1, drain_file="/d", drain_grace_s=2.5)
     write_model_repository(tmp_path, "my-model", parameters)
     config_text = (tmp_path / "my-model" / "config.pbtxt").read_text()

@@ -15,6 +15,8 @@ class Command(BaseCommand):
         parser.add_argument("--context-length", type=int, default=2048)
         parser.add_argument("--quantization", default="")
         parser.add_argument("--private", action="store_true", help="only granted tenants")
+        parser.add_argument("--state", default="active", choices=["active", "staging", "retired"],
+                            help="staging: a canary, served only through a rollout")
 
     def handle(self, *args, **opts):
         version = ensure_model_version(
@@ -25,5 +27,6 @@ class Command(BaseCommand):
             context_length=opts["context_length"],
             quantization=opts["quantization"],
             is_public=not opts["private"],
+            state=opts["state"],
         )
         self.stdout.write(f"model version {version} ({version.weights_uri})")

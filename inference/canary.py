@@ -1,0 +1,73 @@
+"""The rollout's part of the request path: which version (stable or canary) serves a request.
+
+Sticky key, first that applies (README, "Canary rollouts"):
+1. the `X-Conversation-Id` header (WebSocket: `"conversation_id"`): the client names it;
+2. chat endpoints: the conversation's opening, i.e. the messages up to and including the first
+   user message: every later turn of a conversation resends them, so it stays on one version
+   without the client doing anything;
+3. the Idempotency-Key (its retries are the same request);
+4. the prompt of /v1/completions.
+The key is hashed with the tenant and the rollout id (models_registry/rollouts/split.py).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Callable
+
+from inference.schemas import GenerationRequest
+from models_registry.rollouts.selectors import LiveRollout, live_rollout
+from models_registry.rollouts.split import to_canary
+from models_registry.selectors import ServingVersion
+
+
+def sticky_key(request: GenerationRequest, conversation_id: str | None,
+               idempotency_key: str | None) -> str:
+    if conversation_id:
+        return "conversation:" + conversation_id
+    if request.messages:
+        opening = []
+        for message in request.messages:
+            opening.append([message.get("role"), message.get("content")])
+            if message.get("role") == "user":
+                break
+        return "opening:" + json.dumps(opening, ensure_ascii=False, separators=(",", ":"))
+    if idempotency_key:
+        return "idempotency:" + idempotency_key
+    return "prompt:" + (request.prompt or "")
+
+
+@dataclass(frozen=True)
+class VersionChoice:
+    target: ServingVersion
+    fallback: ServingVersion | None  # stable, when `target` is the canary
+    rollout_id: int | None
+
+
+class RolloutCatalog:
+    """`live_rollout` per model, read from PostgreSQL at most every `ttl_seconds`."""
+
+    def __init__(self, clock: Callable[[], float], ttl_seconds: float):
+        self._clock = clock
+        self._ttl = ttl_seconds
+        self._cached: dict[str, tuple[float, LiveRollout | None]] = {}
+
+    async def get(self, model_name: str) -> LiveRollout | None:
+        now = self._clock()
+        hit = self._cached.get(model_name)
+        if hit is not None and now - hit[0] < self._ttl:
+            return hit[1]
+        rollout = await live_rollout(model_name)
+        if len(self._cached) > 10_000:
+            self._cached.clear()
+        self._cached[model_name] = (now, rollout)
+        return rollout
+
+
+def choose_version(stable: ServingVersion, rollout: LiveRollout | None, tenant_id: int,
+                   key: str) -> VersionChoice:
+    """Stable unless the rollout (of this very stable version) sends this key to the canary."""
+    if (rollout is None or rollout.stable_version_id != stable.model_version_id
+            or not to_canary(rollout.rollout_id, tenant_id, key, rollout.percent)):
+        return VersionChoice(stable, None, None)
+    return VersionChoice(rollout.canary, stable, rollout.rollout_id)

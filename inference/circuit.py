@@ -1,0 +1,86 @@
+"""A circuit breaker per replica, its state in Redis so every platform process shares it.
+
+closed --(`failure_threshold` consecutive failures)--> open --(`cooldown_s` passes)--> half-open
+half-open: exactly one request (the probe) may go; its success closes the circuit, its failure
+opens it for another cool-down. A probe whose process died releases its claim after
+`probe_timeout_s`, so another request may probe.
+
+A failure is a replica fault (unreachable, stream error), before or after the first token; a
+refused input (a client error) and a client disconnect are neither failure nor success. A
+success is a first token received.
+"""
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+CLOSED, OPEN, HALF_OPEN = "closed", "open", "half_open"
+STATE_VALUES = {CLOSED: 0, OPEN: 1, HALF_OPEN: 2}
+
+# KEYS[1] = circuit hash; ARGV: now_ms, threshold, cooldown_ms. Returns 1 when this failure
+# opened (or re-opened) the circuit.
+_FAILURE = """
+local failures = redis.call('HINCRBY', KEYS[1], 'failures', 1)
+local open_until = tonumber(redis.call('HGET', KEYS[1], 'open_until') or '0')
+local now = tonumber(ARGV[1])
+if open_until > 0 and now >= open_until then
+  -- half-open: the probe (or a request started before the circuit opened) failed
+  redis.call('HSET', KEYS[1], 'open_until', now + tonumber(ARGV[3]))
+  redis.call('DEL', KEYS[2])
+  return 1
+end
+if open_until == 0 and failures >= tonumber(ARGV[2]) then
+  redis.call('HSET', KEYS[1], 'open_until', now + tonumber(ARGV[3]))
+  return 1
+end
+return 0
+"""
+
+
+class CircuitBreaker:
+    def __init__(self, redis, key_prefix: str, clock: Callable[[], float], *,
+                 failure_threshold: int, cooldown_s: float, probe_timeout_s: float):
+        self._redis = redis
+        self._prefix = key_prefix
+        self._clock = clock  # wall-clock seconds (compared across processes)
+        self.failure_threshold = failure_threshold
+        self._cooldown_ms = int(cooldown_s * 1000)
+        self._probe_timeout_ms = int(probe_timeout_s * 1000)
+        self._failure = redis.register_script(_FAILURE)
+
+    def key(self, replica_id: int) -> str:
+        return f"{self._prefix}circuit:{replica_id}"
+
+    def probe_key(self, replica_id: int) -> str:
+        return f"{self._prefix}circuit:{replica_id}:probe"
+
+    def _now_ms(self) -> int:
+        return int(self._clock() * 1000)
+
+    async def states(self, replica_ids: Sequence[int]) -> dict[int, str]:
+        pipe = self._redis.pipeline(transaction=False)
+        for rid in replica_ids:
+            pipe.hget(self.key(rid), "open_until")
+        rows = await pipe.execute()
+        now = self._now_ms()
+        states = {}
+        for rid, open_until in zip(replica_ids, rows):
+            until = int(open_until or 0)
+            states[rid] = CLOSED if until == 0 else OPEN if now < until else HALF_OPEN
+        return states
+
+    async def try_probe(self, replica_id: int) -> bool:
+        """Claim the single half-open probe of this replica (the caller checked it is half-open)."""
+        return bool(await self._redis.set(self.probe_key(replica_id), "1", nx=True,
+                                          px=self._probe_timeout_ms))
+
+    async def record_failure(self, replica_id: int) -> bool:
+        """Returns True when this failure opened the circuit."""
+        return bool(await self._failure(
+            keys=[self.key(replica_id), self.probe_key(replica_id)],
+            args=[self._now_ms(), self.failure_threshold, self._cooldown_ms]))
+
+    async def record_success(self, replica_id: int) -> None:
+        pipe = self._redis.pipeline(transaction=True)
+        pipe.delete(self.key(replica_id))
+        pipe.delete(self.probe_key(replica_id))
+        await pipe.execute()

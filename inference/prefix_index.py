@@ -1,0 +1,79 @@
+"""Which replica recently received which prompt blocks: the prefix-affinity index in Redis.
+
+Block hashes are the engine's own (`replica.engine.kv.block_hash.hash_full_blocks`, same block
+size, the tenant's cache salt), so a hash here names exactly the KV block the engine caches.
+One Redis hash per (model version, block hash): field = replica id, value = when that replica
+last received the block (ms, wall clock: compared across processes). Entries older than
+`ttl_s` are ignored and keys expire after it, so the index forgets what the replica has
+likely evicted; every platform process reads and writes the same keys.
+"""
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+from inference.policies import BLOCK_SIZE
+from replica.engine.kv.block_hash import hash_full_blocks
+
+
+def prompt_block_hashes(token_ids: Sequence[int], cache_salt: str, max_blocks: int) -> tuple[int, ...]:
+    """The chained hashes of the prompt's leading full blocks, as the engine computes them."""
+    leading = token_ids[: max_blocks * BLOCK_SIZE]
+    return tuple(hash_full_blocks(leading, BLOCK_SIZE, cache_salt))
+
+
+class PrefixIndex:
+    def __init__(self, redis, key_prefix: str, clock: Callable[[], float], ttl_s: float):
+        self._redis = redis
+        self._prefix = key_prefix
+        self._clock = clock  # wall-clock seconds
+        self._ttl_ms = int(ttl_s * 1000)
+
+    def key(self, model_version_id: int, block_hash: int) -> str:
+        return f"{self._prefix}prefix:{model_version_id}:{block_hash:016x}"
+
+    async def match(self, model_version_id: int, block_hashes: Sequence[int],
+                    replica_ids: Sequence[int]) -> dict[int, int]:
+        """Per replica: how many leading blocks of `block_hashes` it holds (a chain: block i
+        counts only if blocks 0..i-1 do)."""
+        matched = {rid: 0 for rid in replica_ids}
+        if not block_hashes or not replica_ids:
+            return matched
+        fields = [str(rid) for rid in replica_ids]
+        pipe = self._redis.pipeline(transaction=False)
+        for block_hash in block_hashes:
+            pipe.hmget(self.key(model_version_id, block_hash), fields)
+        rows = await pipe.execute()
+        oldest = int(self._clock() * 1000) - self._ttl_ms
+        alive = set(replica_ids)
+        for row in rows:
+            for rid, seen in zip(replica_ids, row):
+                if rid in alive and (seen is None or int(seen) < oldest):
+                    alive.discard(rid)
+            if not alive:
+                break
+            for rid in alive:
+                matched[rid] += 1
+        return matched
+
+    async def record(self, model_version_id: int, block_hashes: Sequence[int],
+                     replica_id: int) -> None:
+        """`replica_id` now holds these blocks (it is about to prefill them)."""
+        if not block_hashes:
+            return
+        now_ms = int(self._clock() * 1000)
+        pipe = self._redis.pipeline(transaction=False)
+        for block_hash in block_hashes:
+            key = self.key(model_version_id, block_hash)
+            pipe.hset(key, str(replica_id), now_ms)
+            pipe.pexpire(key, self._ttl_ms)
+        await pipe.execute()
+
+    async def forget(self, model_version_id: int, block_hashes: Sequence[int],
+                     replica_id: int) -> None:
+        """The replica failed before computing these blocks: do not send their prefix there."""
+        if not block_hashes:
+            return
+        pipe = self._redis.pipeline(transaction=False)
+        for block_hash in block_hashes:
+            pipe.hdel(self.key(model_version_id, block_hash), str(replica_id))
+        await pipe.execute()

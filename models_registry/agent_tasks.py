@@ -1,0 +1,53 @@
+"""The node agent's side of Celery: a worker started with NODE_NAME set (see `manage.py
+nodeagent`) becomes that node's agent and consumes `node.<name>`; the control loops send it
+`start_replica` / `stop_replica` there (dispatch.py).
+
+The worker holds its one NodeAgent on the Celery app object (`app.node_agent`): the agent is the
+worker process, created when the worker is ready and drained when it shuts down. Run it with
+`--pool solo` (one process: tasks, heartbeats and watchers share the agent).
+"""
+from __future__ import annotations
+
+import logging
+import os
+
+from celery import current_app, shared_task
+from celery.signals import worker_ready, worker_shutdown
+from django.utils import timezone
+
+logger = logging.getLogger(__name__)
+
+
+def _agent():
+    agent = getattr(current_app, "node_agent", None)
+    if agent is None:
+        raise RuntimeError("this worker is not a node agent (start it with NODE_NAME set)")
+    return agent
+
+
+@worker_ready.connect
+def _start_agent(sender=None, **_):
+    if not os.environ.get("NODE_NAME"):
+        return
+    from models_registry.node_agent import AgentConfig, NodeAgent  # noqa: PLC0415
+
+    agent = NodeAgent(AgentConfig.from_env(dict(os.environ)), now=timezone.now)
+    agent.start()
+    sender.app.node_agent = agent
+
+
+@worker_shutdown.connect
+def _stop_agent(sender=None, **_):
+    agent = getattr(current_app, "node_agent", None)
+    if agent is not None:
+        agent.shutdown()
+
+
+@shared_task(name="models_registry.agent_tasks.start_replica", ignore_result=True)
+def start_replica(replica_id: int) -> bool:
+    return _agent().start_replica(replica_id)
+
+
+@shared_task(name="models_registry.agent_tasks.stop_replica", ignore_result=True)
+def stop_replica(replica_id: int) -> None:
+    _agent().stop_replica(replica_id)

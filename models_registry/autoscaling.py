@@ -1,0 +1,82 @@
+"""The autoscaler's tick for one model version: observe, decide, record, act.
+
+Run by Celery beat (models_registry.tasks.autoscale) every AUTOSCALER_INTERVAL_SECONDS for each
+version with an enabled ScalingPolicy. The decision is `autoscaler.decide` (pure); this stores
+it with the numbers that caused it (ScalingDecision), records the arrival rate (RateSample, the
+forecast's history) and places or drains replicas. Two ticks for one version never overlap: the
+policy row is locked (skip_locked: a tick that finds it locked does nothing).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from django.db import transaction
+
+from models_registry import fleet_signals
+from models_registry.autoscaler import Decision, PolicyView, decide
+from models_registry.dispatch import Dispatcher
+from models_registry.models import RateSample, ScalingDecision, ScalingPolicy
+from models_registry.placement import drain_replicas, place_replicas
+
+DECISION_RETENTION = timedelta(days=2)
+
+
+@dataclass(frozen=True)
+class FleetContext:
+    redis: object  # synchronous Redis client
+    key_prefix: str
+    dispatcher: Dispatcher
+    tick_s: float
+    lost_after_s: float
+
+
+def autoscale_version(policy_id: int, now: datetime, ctx: FleetContext) -> ScalingDecision | None:
+    with transaction.atomic():
+        policy = (ScalingPolicy.objects.select_for_update(skip_locked=True)
+                  .select_related("model_version").filter(pk=policy_id, enabled=True).first())
+        if policy is None:
+            return None
+        arrivals = fleet_signals.count_arrivals(ctx.redis, ctx.key_prefix, policy.model_version_id,
+                                                now.timestamp())
+        if arrivals[1] > 0:
+            RateSample.objects.create(model_version_id=policy.model_version_id, at=now,
+                                      window_s=arrivals[1], num_requests=arrivals[0])
+        signals, outstanding = fleet_signals.signals(policy, now, ctx.redis, ctx.key_prefix,
+                                                     ctx.tick_s, arrivals)
+        decision = decide(PolicyView.from_policy(policy), signals, now.timestamp(),
+                          fleet_signals.history(policy, now))
+        decision = _act(policy, decision, now, ctx, outstanding)
+        row = ScalingDecision.objects.create(
+            model_version_id=policy.model_version_id, at=now, action=decision.action,
+            current_replicas=decision.current, recommended_replicas=decision.recommended,
+            desired_replicas=decision.desired, reason=decision.reason[:300],
+            signals=decision.numbers)
+        ScalingDecision.objects.filter(model_version_id=policy.model_version_id,
+                                       action=ScalingDecision.Action.HOLD,
+                                       at__lt=now - DECISION_RETENTION).delete()
+        RateSample.objects.filter(model_version_id=policy.model_version_id, at__lt=now - timedelta(
+            seconds=policy.forecast_period_s * (fleet_signals.FORECAST_PERIODS + 1))).delete()
+    return row
+
+
+def _act(policy: ScalingPolicy, decision: Decision, now: datetime, ctx: FleetContext,
+         outstanding: dict[int, int]) -> Decision:
+    version = policy.model_version
+    if decision.delta > 0:
+        placed = place_replicas(version, decision.delta, now=now, reason=decision.reason,
+                                dispatcher=ctx.dispatcher, lost_after_s=ctx.lost_after_s)
+        if len(placed) < decision.delta:
+            return Decision(decision.action if placed else "hold", decision.current,
+                            decision.recommended, decision.current + len(placed),
+                            f"{decision.reason}; no node had room: placed {len(placed)} of "
+                            f"{decision.delta}", {**decision.numbers, "placed": len(placed)})
+    elif decision.delta < 0:
+        drain_replicas(version, -decision.delta, now=now, reason=f"scale down: {decision.reason}",
+                       dispatcher=ctx.dispatcher, outstanding=outstanding)
+    return decision
+
+
+def autoscale_all(now: datetime, ctx: FleetContext) -> list[ScalingDecision]:
+    ids = list(ScalingPolicy.objects.filter(enabled=True).values_list("pk", flat=True))
+    return [d for d in (autoscale_version(pk, now, ctx) for pk in ids) if d is not None]

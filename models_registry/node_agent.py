@@ -1,0 +1,298 @@
+"""The node agent: registers its node, heartbeats, and runs the replicas placed on it.
+
+It lives inside a Celery worker that consumes the node's own queue `node.<name>` (see
+agent_tasks.py and `manage.py nodeagent`). Each replica is a `python -m replica.launch` child:
+- start: pick ports, record the addresses, spawn the launcher (it dies with the agent: a lost
+  agent must not leave servers nobody manages);
+- a watcher thread per child: once the launcher prints `replica ready:` it sends one warm-up
+  request and only then moves the replica loading -> ready (with its measured load time); if the
+  process dies it records failed (or stopped, when it was draining); when the registry says the
+  replica is failed or draining (health check, lost node, autoscaler) it stops the child;
+- stop: SIGTERM the launcher, which drains (no new requests; in-flight streams finish within
+  the grace period) and stops tritonserver; the watcher then records stopped.
+Popen is called on the thread that handles the task (PR_SET_PDEATHSIG fires when the spawning
+*thread* exits), never on a watcher thread.
+"""
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import logging
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Callable
+
+from django.db import close_old_connections, connection
+
+from models_registry.lifecycle import transition
+from models_registry.models import Replica
+from models_registry.nodes import heartbeat, register_node
+
+logger = logging.getLogger(__name__)
+REPO = Path(__file__).resolve().parents[1]
+_READY_LINE = re.compile(r"replica ready: .*?pid=(\d+)")
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    name: str
+    zone: str = ""
+    address: str = "127.0.0.1"  # where the platform reaches this node's replicas
+    cpu_slots: int = 2
+    memory_mib: int = 4096
+    accelerator: str = "cpu"
+    heartbeat_s: float = 2.0
+    replica_threads: int = 1  # torch threads per replica
+    drain_grace_s: float = 30.0
+    log_dir: Path = REPO / "var" / "logs" / "agents"
+
+    @classmethod
+    def from_env(cls, env: dict[str, str]) -> "AgentConfig":
+        return cls(
+            name=env["NODE_NAME"],
+            zone=env.get("NODE_ZONE", ""),
+            address=env.get("NODE_ADDRESS", "127.0.0.1"),
+            cpu_slots=int(env.get("NODE_CPU_SLOTS", "2")),
+            memory_mib=int(env.get("NODE_MEMORY_MIB", "4096")),
+            accelerator=env.get("NODE_ACCELERATOR", "cpu"),
+            heartbeat_s=float(env.get("NODE_HEARTBEAT_SECONDS", "2")),
+            replica_threads=int(env.get("NODE_REPLICA_THREADS", "1")),
+            drain_grace_s=float(env.get("NODE_DRAIN_GRACE_SECONDS", "30")),
+            log_dir=Path(env.get("NODE_LOG_DIR", str(cls.log_dir))),
+        )
+
+
+@dataclass
+class Child:
+    replica_id: int
+    popen: subprocess.Popen
+    log_path: Path
+    model_name: str
+    grpc_address: str
+    started: float
+    stopping: bool = False
+    ready: bool = False
+    thread: threading.Thread | None = field(default=None, repr=False)
+
+    def log_text(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _die_with_parent() -> None:
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG: the launcher drains and stops its server
+
+
+async def _warm_up(grpc_address: str, model_name: str) -> None:
+    """One short generation through the platform's own client: the replica answers for real."""
+    from inference.replica_client import ReplicaRequest  # noqa: PLC0415
+    from inference.triton_client import TritonReplicaClient  # noqa: PLC0415
+
+    client = TritonReplicaClient(first_token_timeout=120.0, token_timeout=60.0)
+    try:
+        request = ReplicaRequest(request_id=f"warmup-{os.getpid()}-{time.monotonic_ns()}",
+                                 model_name=model_name, prompt_text="Hello", prompt_token_ids=None,
+                                 max_tokens=2, temperature=0.0, top_p=1.0, seed=0, stop=(),
+                                 priority=0, tenant="warmup")
+        async for chunk in client.stream(grpc_address, request):
+            if chunk.final:
+                return
+        raise RuntimeError("warm-up stream ended without a final response")
+    finally:
+        await client.close()
+
+
+class NodeAgent:
+    def __init__(self, config: AgentConfig, *, now: Callable[[], datetime],
+                 clock: Callable[[], float] = time.monotonic,
+                 warm_up: Callable[[str, str], None] | None = None):
+        self.config = config
+        self._now = now  # wall clock for the registry
+        self._clock = clock  # monotonic, for load times
+        self._warm_up = warm_up or (lambda address, model: asyncio.run(_warm_up(address, model)))
+        self._children: dict[int, Child] = {}
+        self._lock = threading.Lock()
+        self._stopped = threading.Event()
+        self._heartbeat_thread = threading.Thread(target=self._heartbeat_loop, name="agent-heartbeat",
+                                                  daemon=True)
+
+    # ---- node ---------------------------------------------------------------------------------
+
+    def register(self) -> None:
+        c = self.config
+        register_node(c.name, zone=c.zone, address=c.address, cpu_slots=c.cpu_slots,
+                      memory_mib=c.memory_mib, accelerator=c.accelerator, now=self._now())
+        logger.info("node %s registered (zone %s, %d slots, %d MiB)", c.name, c.zone, c.cpu_slots,
+                    c.memory_mib)
+
+    def start(self) -> None:
+        self.register()
+        self._heartbeat_thread.start()
+
+    def _heartbeat_loop(self) -> None:
+        try:
+            while not self._stopped.wait(self.config.heartbeat_s):
+                try:
+                    close_old_connections()
+                    if not heartbeat(self.config.name, self._now()):
+                        logger.warning("node %s was presumed lost; registering again", self.config.name)
+                        self.register()
+                except Exception:  # noqa: BLE001 - a database hiccup must not end the heartbeats
+                    logger.exception("heartbeat failed")
+        finally:
+            connection.close()
+
+    def shutdown(self, timeout_s: float | None = None) -> None:
+        """Drain and stop every child (the worker is stopping)."""
+        self._stopped.set()
+        with self._lock:
+            children = list(self._children.values())
+        for child in children:
+            try:
+                transition(child.replica_id, Replica.State.DRAINING, "node agent stopping", self._now(),
+                           only_from=(Replica.State.LOADING, Replica.State.READY))
+            except Exception:  # noqa: BLE001
+                logger.exception("could not mark replica %s draining", child.replica_id)
+            self._terminate(child)
+        deadline = time.monotonic() + (timeout_s or self.config.drain_grace_s + 30)
+        for child in children:
+            if child.thread is not None:
+                child.thread.join(max(0.0, deadline - time.monotonic()))
+
+    # ---- replicas -----------------------------------------------------------------------------
+
+    def start_replica(self, replica_id: int) -> bool:
+        replica = Replica.objects.select_related("model_version__model").filter(
+            pk=replica_id, node__name=self.config.name).first()
+        if replica is None or replica.state != Replica.State.LOADING:
+            logger.info("replica %s: not loading on %s; nothing to start", replica_id, self.config.name)
+            return False
+        with self._lock:
+            if replica_id in self._children:
+                return False
+        from inference.tokenization import resolve_weights  # noqa: PLC0415
+
+        version = replica.model_version
+        try:
+            weights = str(resolve_weights(version.weights_uri))
+        except (OSError, ValueError) as exc:
+            transition(replica_id, Replica.State.FAILED, f"weights not found: {exc}", self._now())
+            return False
+        grpc_port, http_port, metrics_port = _free_port(), _free_port(), _free_port()
+        address = self.config.address
+        Replica.objects.filter(pk=replica_id).update(
+            grpc_address=f"{address}:{grpc_port}", metrics_address=f"{address}:{metrics_port}")
+        self.config.log_dir.mkdir(parents=True, exist_ok=True)
+        log_path = self.config.log_dir / f"{self.config.name}-replica-{replica_id}.log"
+        command = [sys.executable, "-m", "replica.launch", "--model", version.model.name,
+                   "--weights", weights, "--grpc-port", str(grpc_port), "--http-port", str(http_port),
+                   "--metrics-port", str(metrics_port), "--num-threads", str(self.config.replica_threads),
+                   "--drain-grace-s", str(self.config.drain_grace_s)]
+        with open(log_path, "ab") as log:
+            popen = subprocess.Popen(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
+        child = Child(replica_id, popen, log_path, version.model.name, f"{address}:{grpc_port}",
+                      self._clock())
+        child.thread = threading.Thread(target=self._watch, args=(child,), daemon=True,
+                                        name=f"replica-{replica_id}")
+        with self._lock:
+            self._children[replica_id] = child
+        child.thread.start()
+        logger.info("replica %s: launching %s on ports %d/%d/%d", replica_id, version,
+                    grpc_port, http_port, metrics_port)
+        return True
+
+    def stop_replica(self, replica_id: int) -> None:
+        with self._lock:
+            child = self._children.get(replica_id)
+        if child is None:
+            transition(replica_id, Replica.State.STOPPED, f"not running on {self.config.name}",
+                       self._now(), only_from=(Replica.State.DRAINING, Replica.State.FAILED))
+            return
+        self._terminate(child)
+
+    def replica_ids(self) -> list[int]:
+        with self._lock:
+            return sorted(self._children)
+
+    def _terminate(self, child: Child) -> None:
+        if not child.stopping and child.popen.poll() is None:
+            child.stopping = True
+            child.popen.send_signal(signal.SIGTERM)  # the launcher drains, then stops its server
+
+    def _watch(self, child: Child) -> None:
+        try:
+            self._watch_until_exit(child)
+        except Exception:  # noqa: BLE001
+            logger.exception("watcher of replica %s failed", child.replica_id)
+            self._terminate(child)
+        finally:
+            with self._lock:
+                self._children.pop(child.replica_id, None)
+            connection.close()
+
+    def _watch_until_exit(self, child: Child) -> None:
+        next_check = 0.0
+        while True:
+            code = child.popen.poll()
+            if code is not None:
+                self._report_exit(child, code)
+                return
+            if not child.ready and not child.stopping:
+                match = _READY_LINE.search(child.log_text())
+                if match:
+                    self._promote(child, int(match.group(1)))
+            if time.monotonic() >= next_check:
+                next_check = time.monotonic() + 1.0
+                state = Replica.objects.filter(pk=child.replica_id).values_list("state", flat=True).first()
+                if state in (None, Replica.State.FAILED, Replica.State.STOPPED, Replica.State.DRAINING):
+                    self._terminate(child)
+            time.sleep(0.2)
+
+    def _promote(self, child: Child, server_pid: int) -> None:
+        Replica.objects.filter(pk=child.replica_id).update(server_pid=server_pid)
+        try:
+            self._warm_up(child.grpc_address, child.model_name)
+        except Exception as exc:  # noqa: BLE001 - any failure: the replica does not serve
+            transition(child.replica_id, Replica.State.FAILED, f"warm-up request failed: {exc}"[:300],
+                       self._now(), only_from=(Replica.State.LOADING,))
+            self._terminate(child)
+            return
+        load_s = self._clock() - child.started
+        child.ready = True
+        transition(child.replica_id, Replica.State.READY,
+                   f"Triton ready and warm-up answered after {load_s:.1f}s", self._now(),
+                   only_from=(Replica.State.LOADING,), load_seconds=load_s,
+                   last_heartbeat=self._now())
+
+    def _report_exit(self, child: Child, code: int) -> None:
+        now = self._now()
+        state = Replica.objects.filter(pk=child.replica_id).values_list("state", flat=True).first()
+        if state == Replica.State.DRAINING:
+            reason = ("drained: in-flight streams finished" if code == 0
+                      else f"stopped: drain grace expired or the server failed (exit {code})")
+            transition(child.replica_id, Replica.State.STOPPED, reason, now)
+        elif state in (Replica.State.LOADING, Replica.State.READY):
+            tail = child.log_text().strip().splitlines()[-1:] or [""]
+            transition(child.replica_id, Replica.State.FAILED,
+                       f"process exited with code {code}: {tail[0]}"[:300], now)
+        elif state == Replica.State.FAILED:
+            transition(child.replica_id, Replica.State.STOPPED, f"process ended (exit {code})", now)

@@ -1,0 +1,38 @@
+"""Reads on rollouts for the request path (async; plain frozen results)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from models_registry.rollout_models import Rollout
+from models_registry.selectors import ServingVersion
+
+
+@dataclass(frozen=True)
+class LiveRollout:
+    rollout_id: int
+    percent: float  # 0..100 of the model's traffic goes to `canary`
+    stable_version_id: int
+    canary: ServingVersion
+
+
+async def live_rollout(model_name: str) -> LiveRollout | None:
+    """The model's running or paused rollout (a paused one keeps its share), if any."""
+    rollout = await (Rollout.objects.select_related("model", "canary_version")
+                     .filter(model__name=model_name, state__in=Rollout.LIVE_STATES).afirst())
+    if rollout is None:
+        return None
+    canary = rollout.canary_version
+    return LiveRollout(
+        rollout_id=rollout.pk,
+        percent=rollout.traffic_percent,
+        stable_version_id=rollout.stable_version_id,
+        canary=ServingVersion(
+            model_name=rollout.model.name,
+            model_version_id=canary.pk,
+            version=canary.version,
+            weights_uri=canary.weights_uri,
+            tokenizer=canary.tokenizer,
+            context_length=canary.context_length,
+            routing_policy=rollout.model.routing_policy,
+        ),
+    )
