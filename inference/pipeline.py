@@ -185,11 +185,13 @@ async def prepare(container: Container, endpoint: str, authorization: str | None
     `conversation_id` (the X-Conversation-Id header) keeps a conversation on one version
     while a canary rollout runs."""
     principal = await authenticate_header(container, authorization)
-    return await prepare_as(container, endpoint, principal, body, idempotency_key)
+    return await prepare_as(container, endpoint, principal, body, idempotency_key,
+                            conversation_id)
 
 
 async def prepare_as(container: Container, endpoint: str, principal: Principal,
-                     body: object, idempotency_key: str | None) -> Prepared | Replayed:
+                     body: object, idempotency_key: str | None,
+                     conversation_id: str | None = None) -> Prepared | Replayed:
     """`prepare` for a principal already authenticated some other way (the dashboard's
     playground: a logged-in member of the tenant). Same refusals, minus the 401s."""
     request = parse_request(endpoint, body)
