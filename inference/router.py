@@ -18,6 +18,7 @@ tokens the lease still holds; counts therefore return to zero when the fleet is 
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 import random
 from dataclasses import dataclass, field
@@ -152,6 +153,10 @@ class Router:
         self._rng = rng
         self.state = state
         self._poller = poller
+        # One routing decision at a time per model version in this process (a few ms of Redis
+        # round trips): otherwise requests arriving together all read the same loads before
+        # any of them adds its own, and pile onto one replica.
+        self._decisions: dict[int, asyncio.Lock] = {}
 
     async def num_ready(self, model_version_id: int) -> int:
         return len(await self._directory.ready(model_version_id))
@@ -195,9 +200,10 @@ class Router:
         replicas = [r for r in replicas if circuits[r.replica_id] not in (OPEN, HALF_OPEN)]
         if not replicas:
             raise NoReplicaReady()
-        request, candidates = await self.snapshot(model_version_id, replicas, request)
-        chosen = self.policy(policy_name).choose(request, candidates)
-        return await self._lease(model_version_id, policy_name, request, chosen)
+        async with self._decisions.setdefault(model_version_id, asyncio.Lock()):
+            request, candidates = await self.snapshot(model_version_id, replicas, request)
+            chosen = self.policy(policy_name).choose(request, candidates)
+            return await self._lease(model_version_id, policy_name, request, chosen)
 
     async def _lease(self, model_version_id: int, policy_name: str, request: RouteRequest,
                      chosen: Candidate, is_probe: bool = False) -> Lease:

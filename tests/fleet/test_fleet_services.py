@@ -144,8 +144,10 @@ def test_autoscale_tick_scales_on_queue_depth_and_stores_why(version, nodes, red
     assert first.action == "scale_up" and first.desired_replicas == 1  # the min
     replica = Replica.objects.get(model_version=version)
     transition(replica.pk, "ready", "test", T0)
-    waiting = queue_keys(ctx.key_prefix, version.pk)[0]
-    redis.hset(waiting, mapping={f"t{i}": "{}" for i in range(5)})
+    waiting = queue_keys(ctx.key_prefix, version.model.name)[0]  # the model's queue
+    # Tickets are tenant:version:uuid; one waiter of another version does not count.
+    redis.hset(waiting, mapping={f"t{i}:{version.pk}:{i}": "{}" for i in range(5)})
+    redis.hset(waiting, f"t9:{version.pk + 1000}:9", "{}")
     second = autoscale_version(policy.pk, T0 + timedelta(seconds=30), ctx)
     assert second.action == "scale_up" and second.desired_replicas == 1 + 3
     assert second.signals["queue_depth"] == 5 and second.signals["needs"]["queue_depth"] == 4
@@ -172,8 +174,9 @@ def test_autoscale_records_rates_and_the_forecast_starts_replicas_ahead(version,
     assert first.signals["queue_depth"] == 0 and first.signals["request_rate_rps"] == 0.0
     assert first.action == "scale_up" and first.desired_replicas == 5
     assert Replica.objects.filter(model_version=version, state="loading").count() == 5
-    _, _, _, stats = queue_keys(ctx.key_prefix, version.pk)
-    redis.hincrby(stats, "seq", 10)  # 10 requests arrived in the 5 s since
+    stats = queue_keys(ctx.key_prefix, version.model.name)[3]
+    redis.hincrby(stats, f"seq:{version.pk}", 10)  # 10 requests arrived in the 5 s since
+    redis.hincrby(stats, f"seq:{version.pk + 1000}", 7)  # another version's: not counted
     second = autoscale_version(policy.pk, today, ctx)
     assert second.action == "hold" and second.signals["request_rate_rps"] == 2.0
     sample = RateSample.objects.filter(model_version=version).latest("at")

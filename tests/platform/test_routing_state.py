@@ -219,3 +219,21 @@ def test_admin_validates_the_policy_name(admin_client, model_version):
     response = admin_client.post(url, {**form, "routing_policy": "prefix_affinity"})
     assert response.status_code == 302
     assert Model.objects.get(pk=model.pk).routing_policy == "prefix_affinity"
+
+
+@pytestmark_db
+@pytest.mark.asyncio
+async def test_concurrent_decisions_see_each_others_load(model_version):
+    """Requests routed at the same moment in one process do not all read the same loads:
+    three different new prefixes at once land on three replicas."""
+    import asyncio
+
+    ids = {(await sync_to_async(register_replica)(model_version, f"127.0.0.1:{9001 + i}")).pk
+           for i in range(3)}
+    router = current_container().router
+    requests = [RouteRequest(1, 100, 20, block_hashes=(h, h + 1)) for h in (10, 20, 30)]
+    leases = await asyncio.gather(*(router.acquire(model_version.pk, "balanced", r)
+                                    for r in requests))
+    assert {lease.replica.replica_id for lease in leases} == ids
+    for lease in leases:
+        await lease.release()
