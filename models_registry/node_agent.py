@@ -202,10 +202,9 @@ class NodeAgent:
             grpc_address=f"{address}:{grpc_port}", metrics_address=f"{address}:{metrics_port}")
         self.config.log_dir.mkdir(parents=True, exist_ok=True)
         log_path = self.config.log_dir / f"{self.config.name}-replica-{replica_id}.log"
-        command = [sys.executable, "-m", "replica.launch", "--model", version.model.name,
-                   "--weights", weights, "--grpc-port", str(grpc_port), "--http-port", str(http_port),
-                   "--metrics-port", str(metrics_port), "--num-threads", str(self.config.replica_threads),
-                   "--drain-grace-s", str(self.config.drain_grace_s)]
+        command = launch_command(version.model.name, weights, version.quantization,
+                                 (grpc_port, http_port, metrics_port),
+                                 self.config.replica_threads, self.config.drain_grace_s)
         with open(log_path, "ab") as log:
             popen = subprocess.Popen(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
@@ -296,3 +295,17 @@ class NodeAgent:
                        f"process exited with code {code}: {tail[0]}"[:300], now)
         elif state == Replica.State.FAILED:
             transition(child.replica_id, Replica.State.STOPPED, f"process ended (exit {code})", now)
+
+
+def launch_command(model_name: str, weights: str, quantization: str,
+                   ports: tuple[int, int, int], num_threads: int,
+                   drain_grace_s: float) -> list[str]:
+    """The `replica.launch` command line of one replica. `quantization` is the version's
+    stored value, passed as is (replica.launch maps '' and GGUF type names to none and refuses
+    what the engine cannot run)."""
+    grpc_port, http_port, metrics_port = ports
+    return [sys.executable, "-m", "replica.launch", "--model", model_name,
+            "--weights", weights, "--quantization", quantization or "none",
+            "--grpc-port", str(grpc_port), "--http-port", str(http_port),
+            "--metrics-port", str(metrics_port), "--num-threads", str(num_threads),
+            "--drain-grace-s", str(drain_grace_s)]

@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from replica.backend.model_parameters import ModelParameters
-from replica.engine.config import EngineConfig, QuantizationNotBuilt, normalize_quantization
+from replica.engine.config import CHECKPOINT_FORMATS, EngineConfig, QuantizationNotBuilt, normalize_quantization
 from replica.engine.llm_engine import LLMEngine, build_model
+from replica.engine.models.gguf_quants import GGML_TYPES
 from replica.engine.models.quantization import Int8Embedding, Int8Linear, quantize_int8, weight_bytes
 from replica.engine.models.scoring import sequence_logits
 from replica.engine.sampling_params import SamplingParams
@@ -22,9 +23,16 @@ def state_dict():
     return hf_model(TINY).state_dict()
 
 
-@pytest.mark.parametrize("name, expected", [("", "none"), ("none", "none"), ("int8", "int8"), (" INT8 ", "int8")])
+@pytest.mark.parametrize("name, expected", [("", "none"), ("none", "none"), ("int8", "int8"), (" INT8 ", "int8"),
+                                            ("Q4_1", "none"), ("q8_0", "none"), ("F16", "none")])
 def test_names(name, expected):
     assert normalize_quantization(name) == expected
+
+
+def test_checkpoint_formats_are_the_gguf_types_the_loader_reads():
+    """A version's "Q4_1" names its checkpoint's storage: the loader dequantises it, so it serves as none."""
+    readable = {t.name for t in GGML_TYPES.values() if t.dequantize is not None}
+    assert CHECKPOINT_FORMATS == readable
 
 
 def test_int4_is_refused_as_not_built_and_unknown_names_are_refused():

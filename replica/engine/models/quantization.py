@@ -18,9 +18,9 @@ a quarter of the float32 bytes, so decode (a few rows, memory-bound) runs faster
 dtype for the call and the float GEMM runs. On other devices it always dequantises per call: the
 memory saving stays, the speed-up does not.
 
-int4 is not built: PyTorch's int4 CPU kernel (`_weight_int4pack_mm_for_cpu`) measured slower than
-the int8 kernel at every row count (benchmarks/quantization.py's kernel table), and at 135M
-parameters the weights are not where this machine's memory goes.
+int4 is not built: PyTorch's int4 CPU kernel (`_weight_int4pack_mm_for_cpu`) measured 1.2-1.9x
+slower than the int8 kernel at 1 row on the layer shapes and no faster at 32 (benchmarks/quantization.py's kernel
+table), and at 135M parameters the weights are not where this machine's memory goes.
 """
 from __future__ import annotations
 
