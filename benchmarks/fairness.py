@@ -207,8 +207,9 @@ def main() -> None:
     parser.add_argument("--phase-s", type=float, default=20.0)
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--slots", type=int, default=4, help="admission slots per replica")
-    parser.add_argument("--headroom", type=int, default=1,
-                        help="extra slots per replica for tenants with nothing running")
+    parser.add_argument("--headroom", type=int, default=2,
+                        help="extra slots per replica for tenants under their fair share of "
+                             "the slots")
     args = parser.parse_args()
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "llm_platform.settings")
     result = run(args)

@@ -9,10 +9,11 @@ version is still full (a slot freed on one version goes to the best waiter for t
 `FairShare` serves the tenant with the least virtual tokens served (weighted prompt +
 max_tokens); a tenant that returns after idling is caught up to the virtual clock so idle time
 banks no credit. `Fifo` is arrival order (the "fairness off" baseline of
-benchmarks/fairness.py). Beyond a version's capacity, `headroom` slots go only to tenants with
-nothing running on the model: a tenant arriving behind another's burst starts at once instead
-of waiting for one of the burst's requests to finish; in flight stays bounded by capacity +
-headroom.
+benchmarks/fairness.py). Beyond a version's capacity, `headroom` slots go only to tenants
+running fewer of the version's requests than their fair share of its capacity (capacity / the
+tenants running or waiting on it; nothing running always qualifies): a tenant arriving behind
+another's burst starts at once instead of waiting for one of the burst's requests to finish;
+in flight stays bounded by capacity + headroom.
 
 Waiting is by notification, not polling: the pump pushes to the admitted waiter's wake list and
 the waiter blocks on it (BLPOP). A wake-up can be lost (a dropped connection); the waiter then
@@ -73,19 +74,36 @@ local function capacities()
   return caps, total
 end
 -- Hands out free slots, best eligible waiter first. A waiter is eligible when its version has
--- a free slot within capacity, or one of the headroom slots and its tenant runs nothing.
+-- a free slot within capacity, or one of the headroom slots and its tenant runs fewer of the
+-- version's requests than its fair share of the capacity (capacity / tenants running or
+-- waiting on the version; a tenant with nothing running always qualifies).
 local function pump()
   purge()  -- a dead waiter must never be handed a slot
   local caps = capacities()
-  local running, busy = {}, {}
+  local running, mine, active, num_active = {}, {}, {}, {}
+  local function mark(tenant, version)
+    local key = tenant .. ':' .. version
+    if not active[key] then
+      active[key] = true
+      num_active[version] = (num_active[version] or 0) + 1
+    end
+  end
   for _, ticket in ipairs(redis.call('ZRANGE', K_RUN, 0, -1)) do
     local tenant, version = string.match(ticket, '^([^:]*):([^:]*):')
     running[version] = (running[version] or 0) + 1
-    busy[tenant] = true
+    mine[tenant .. ':' .. version] = (mine[tenant .. ':' .. version] or 0) + 1
+    mark(tenant, version)
   end
   local waiters = {}
   local all = redis.call('HGETALL', K_WAIT)
-  for i = 1, #all, 2 do waiters[#waiters + 1] = {all[i], cjson.decode(all[i + 1])} end
+  for i = 1, #all, 2 do
+    local w = cjson.decode(all[i + 1])
+    waiters[#waiters + 1] = {all[i], w}
+    mark(w.tenant, w.v)
+  end
+  local function under_share(w, cap)
+    return (mine[w.tenant .. ':' .. w.v] or 0) * num_active[w.v] < cap[1]
+  end
   while true do
     local best_i, best_key = nil, nil
     for i, entry in ipairs(waiters) do
@@ -93,7 +111,7 @@ local function pump()
       local cap = w and caps[w.v]
       if cap then
         local n = running[w.v] or 0
-        if n < cap[1] or (n < cap[1] + cap[2] and not busy[w.tenant]) then
+        if n < cap[1] or (n < cap[1] + cap[2] and under_share(w, cap)) then
           local key = sort_key(w)
           local better = best_i == nil
           if not better then
@@ -111,7 +129,7 @@ local function pump()
     redis.call('HDEL', K_WAIT, ticket)
     redis.call('ZADD', K_RUN, NOW + SLOT_TTL, ticket)
     running[w.v] = (running[w.v] or 0) + 1
-    busy[w.tenant] = true
+    mine[w.tenant .. ':' .. w.v] = (mine[w.tenant .. ':' .. w.v] or 0) + 1
     local served = vt(w.tenant)
     local clock = tonumber(redis.call('HGET', K_VT, '__clock') or '0')
     if served > clock then redis.call('HSET', K_VT, '__clock', served) end
@@ -300,7 +318,7 @@ class AdmissionQueue:
         """A slot of `model_version_id` (one of `model`'s versions, which has `capacity`
         slots), at once or after waiting; QueueFull / QueueTimeout otherwise. Cancelling the
         caller while it waits leaves the queue. `headroom`: slots beyond `capacity` only for
-        tenants with nothing running. `refresh`: re-reads (capacity, headroom) before each
+        tenants under their fair share of `capacity`. `refresh`: re-reads (capacity, headroom) before each
         poll, for a version whose capacity is growing (its first replica is loading; no release
         wakes such a waiter, so it finds the new capacity on its fallback poll)."""
         ticket = f"{waiter.tenant}:{model_version_id}:{uuid.uuid4().hex}"

@@ -193,8 +193,9 @@ API_KEY_RATELIMIT = env_str("API_KEY_RATELIMIT", "6000/m")
 # waiting order (fair_share: tier, then least-served tenant; fifo: tier, then arrival).
 ADMISSION_SLOTS_PER_REPLICA = env_int("ADMISSION_SLOTS_PER_REPLICA", 16)
 ADMISSION_MAX_QUEUE = env_int("ADMISSION_MAX_QUEUE", 256)
-# Extra slots per ready replica, only for tenants with nothing running (0 = none).
-ADMISSION_HEADROOM_SLOTS_PER_REPLICA = env_int("ADMISSION_HEADROOM_SLOTS_PER_REPLICA", 1)
+# Extra slots per ready replica, only for tenants running less than their fair share of the
+# slots (slots / tenants running or waiting; nothing running always qualifies). 0 = none.
+ADMISSION_HEADROOM_SLOTS_PER_REPLICA = env_int("ADMISSION_HEADROOM_SLOTS_PER_REPLICA", 2)
 ADMISSION_POLICY = env_str("ADMISSION_POLICY", "fair_share")
 # Whether the engine shares capacity fairly between tenants (the platform sends the tenant as
 # the engine's fair-share unit); off only to measure the baseline (benchmarks/fairness.py).

@@ -195,6 +195,36 @@ async def test_headroom_only_for_a_tenant_with_nothing_running(redis):
     await (await asyncio.wait_for(b1, 1.0)).release()
 
 
+async def test_headroom_for_a_tenant_under_its_fair_share_of_the_slots(redis):
+    """4 slots + 2 headroom: A's burst holds the 4; B, which runs 1 of its fair 2, gets a
+    headroom slot for a second request at once; A (over its share) waits for a slot."""
+    queue = make_queue(redis)
+    a_slots = [await queue.admit("m", 1, waiter("A"), capacity=4, headroom=2) for _ in range(4)]
+    a_more = asyncio.create_task(queue.admit("m", 1, waiter("A"), capacity=4, headroom=2))
+    await asyncio.sleep(0.05)
+    assert not a_more.done()  # A runs 4 of the 4 slots: over any share
+    b0 = await asyncio.wait_for(queue.admit("m", 1, waiter("B"), capacity=4, headroom=2), 1.0)
+    b1 = await asyncio.wait_for(queue.admit("m", 1, waiter("B"), capacity=4, headroom=2), 1.0)
+    b2 = asyncio.create_task(queue.admit("m", 1, waiter("B"), capacity=4, headroom=2))
+    await asyncio.sleep(0.05)
+    assert not b2.done()  # capacity + headroom reached (and B at its share of 2)
+    assert not a_more.done()
+    # Headroom lets in flight exceed the capacity: a capacity slot frees only below 4 running.
+    for s in a_slots[:2]:
+        await s.release()
+    await asyncio.sleep(0.05)
+    assert not a_more.done() and not b2.done()  # 4 running (A 2, B 2): both at their share
+    await a_slots[2].release()
+    # 3 running: one slot. B was caught up to the virtual clock when it arrived (30) and has
+    # been served 2 x 10 since; A has 40: A's waiter is the least served.
+    a4 = await asyncio.wait_for(a_more, 1.0)
+    assert not b2.done()
+    await a_slots[3].release()
+    slot = await asyncio.wait_for(b2, 1.0)
+    for s in (slot, b0, b1, a4):
+        await s.release()
+
+
 async def test_waiter_is_woken_by_the_release(redis):
     queue = make_queue(redis)  # fallback poll after 60 s: only a wake-up admits in time
     holder = await queue.admit("m", 1, waiter("A"), capacity=1)
