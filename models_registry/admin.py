@@ -2,10 +2,12 @@
 and replicas (state, load). The live view of replicas is the fleet page (consoles)."""
 import redis
 from django.conf import settings
-from django.contrib import admin
+from django.contrib import admin, messages
 from django.contrib.admin.views.main import ChangeList
+from django.utils import timezone
 
 from billing.models import Price
+from models_registry.lifecycle import IllegalTransition, transition
 from models_registry.models import (
     Model,
     ModelVersion,
@@ -131,8 +133,37 @@ class ReplicaAdmin(admin.ModelAdmin):
                     "zone", "node", "managed", "load_seconds", "last_heartbeat")
     inlines = [ReplicaTransitionInline]
     list_filter = ("state", "model_version__model")
-    list_editable = ("state",)
     list_select_related = ("model_version__model", "node")
+    # The state changes only through the lifecycle (each change checked and recorded), never
+    # by editing the field.
+    readonly_fields = ("state",)
+    actions = ("drain", "mark_failed", "mark_stopped")
+
+    def _move(self, request, queryset, to_state: str, verb: str) -> None:
+        moved, refused = 0, []
+        for replica in queryset:
+            try:
+                if transition(replica.pk, to_state, f"{verb} by {request.user} in the admin",
+                              timezone.now()):
+                    moved += 1
+            except IllegalTransition as exc:
+                refused.append(str(exc))
+        if moved:
+            self.message_user(request, f"{moved} replica(s) {verb}.", messages.SUCCESS)
+        for reason in refused:
+            self.message_user(request, reason, messages.ERROR)
+
+    @admin.action(description="Drain: no new requests; in-flight streams finish, then it stops")
+    def drain(self, request, queryset):
+        self._move(request, queryset, Replica.State.DRAINING, "drained")
+
+    @admin.action(description="Mark failed (the router stops using it at once)")
+    def mark_failed(self, request, queryset):
+        self._move(request, queryset, Replica.State.FAILED, "marked failed")
+
+    @admin.action(description="Mark stopped (its server is gone)")
+    def mark_stopped(self, request, queryset):
+        self._move(request, queryset, Replica.State.STOPPED, "marked stopped")
 
     def get_changelist(self, request, **kwargs):
         return LoadChangeList

@@ -122,3 +122,26 @@ def test_migrate_sets_up_the_roles(transactional_db):
     assert manager.permissions.filter(codename="add_apikey").exists()
     assert operator.permissions.filter(codename="change_replica").exists()
     assert not operator.permissions.filter(codename="add_apikey").exists()
+
+
+def test_operator_drains_a_replica_through_the_lifecycle(operator, model_version):
+    """The replica list changes states only by actions that go through lifecycle.transition:
+    each change is checked and recorded with who made it; an illegal one is refused."""
+    from models_registry.lifecycle import history
+    from models_registry.models import Replica
+
+    ready = register_replica(model_version, "127.0.0.1:11", state="ready")
+    stopped = register_replica(model_version, "127.0.0.1:12", state="stopped")
+    client = logged_in(operator)
+    response = client.post("/admin/models_registry/replica/", {
+        "action": "drain", "_selected_action": [ready.pk, stopped.pk]}, follow=True)
+    assert response.status_code == 200
+    assert Replica.objects.get(pk=ready.pk).state == "draining"
+    assert Replica.objects.get(pk=stopped.pk).state == "stopped"  # stopped -> draining refused
+    assert history(ready.pk)[-1] == ("ready", "draining",
+                                     f"drained by {operator} in the admin")
+    page = response.content.decode()
+    assert "1 replica(s) drained" in page and "is not allowed" in page
+    # The state field itself is not editable on the change form.
+    form = client.get(f"/admin/models_registry/replica/{ready.pk}/change/").content.decode()
+    assert 'name="state"' not in form
