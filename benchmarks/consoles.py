@@ -15,7 +15,6 @@ import os
 import statistics
 import sys
 import time
-import uuid
 from datetime import datetime, timedelta, timezone
 from decimal import Decimal
 from pathlib import Path
@@ -23,6 +22,8 @@ from urllib.parse import urlparse
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+
+from benchmarks.django_env import setup_django  # noqa: E402
 
 TARGET_MS = 300.0
 BATCH = 10_000
@@ -62,19 +63,6 @@ def recreate_database(database_url: str) -> None:
     with psycopg.connect(admin, autocommit=True) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         conn.execute(f'CREATE DATABASE "{name}"')
-
-
-def setup_django(database_url: str, redis_url: str) -> None:
-    os.environ.update({"DJANGO_SETTINGS_MODULE": "llm_platform.settings",
-                       "DATABASE_URL": database_url, "REDIS_URL": redis_url,
-                       "REDIS_KEY_PREFIX": f"llmp-bench-{uuid.uuid4().hex[:8]}:",
-                       "LOG_LEVEL": "WARNING", "ALLOWED_HOSTS": "testserver"})
-    import django
-
-    django.setup()
-    from django.core.management import call_command
-
-    call_command("migrate", "--noinput", verbosity=0)
 
 
 def seed(num_tenants: int, num_days: int) -> dict:
@@ -187,7 +175,7 @@ def main() -> int:
         database_url = urlparse(services.database_url)._replace(
             path="/llm_platform_bench_consoles").geturl()
         recreate_database(database_url)
-        setup_django(database_url, services.redis_url)
+        setup_django(database_url, services.redis_url, ALLOWED_HOSTS="testserver")
         data = seed(args.tenants, args.days)
         print(f"seeded {data['num_rows']} hourly roll-ups in {data['seed_s']:.1f} s", flush=True)
         print("  median      max  page (ms, server time in-process)")

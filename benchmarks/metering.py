@@ -29,22 +29,10 @@ from urllib.parse import urlparse
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks.django_env import setup_django  # noqa: E402
 from scripts.services import ensure_database, ensure_services  # noqa: E402
 
 BODY = {"model": "chat-small", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}
-
-
-def setup_django(database_url: str, redis_url: str) -> None:
-    os.environ.update({"DJANGO_SETTINGS_MODULE": "llm_platform.settings",
-                       "DATABASE_URL": database_url, "REDIS_URL": redis_url,
-                       "REDIS_KEY_PREFIX": f"llmp-bench-{uuid.uuid4().hex[:8]}:",
-                       "LOG_LEVEL": "WARNING", "REGISTRY_CACHE_TTL_SECONDS": "1"})
-    import django
-
-    django.setup()
-    from django.core.management import call_command
-
-    call_command("migrate", "--noinput", verbosity=0)
 
 
 def fixtures():
@@ -178,7 +166,7 @@ def main() -> int:
         database_url = urlparse(services.database_url)._replace(
             path="/llm_platform_bench").geturl()
         ensure_database(database_url)
-        setup_django(database_url, services.redis_url)
+        setup_django(database_url, services.redis_url, REGISTRY_CACHE_TTL_SECONDS="1")
         tenant, issued, version = fixtures()
         batched = consumer_throughput(tenant, issued.api_key, version, args.events,
                                       args.batch_size)
