@@ -214,7 +214,12 @@ async def test_cancelled_stream_frees_its_blocks(replica):
         num_responses += 1
         if num_responses == 3:
             break
-    during = scrape(replica.metrics_url)
+    # The gauges are published by the replica's sender thread, which can lag a loaded machine:
+    # wait (briefly) for them to show the live sequence before cancelling it.
+    during = await wait_for_metrics(
+        replica.metrics_url,
+        lambda m: m["kv_free_blocks"] < m["kv_total_blocks"] or m["running_seqs"] >= 1,
+        timeout_s=10.0)
     stream.cancel()
     after = await wait_for_metrics(
         replica.metrics_url,
