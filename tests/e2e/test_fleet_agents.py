@@ -10,83 +10,18 @@ from __future__ import annotations
 import os
 import signal
 import threading
-import time
-from dataclasses import dataclass, field
 
-import httpx
 import pytest
-import redis as redis_lib
 from django.conf import settings
-from django.db import close_old_connections
-from django.utils import timezone
 
-from models_registry.autoscaling import FleetContext, autoscale_all
-from models_registry.dispatch import CeleryDispatcher
 from models_registry.models import Node, Replica, ReplicaTransition, ScalingPolicy
-from models_registry.nodes import detect_lost_nodes
 from models_registry.services import ensure_model_version
 from tenants.services import create_api_key, create_tenant
 from tests.e2e.conftest import LOG_DIR, SMOLLM2_WEIGHTS, _database_url
-from tests.support.processes import start
+from tests.support.fleet import Control, Load, start_agents, stop_fleet
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 LOST_AFTER_S = 4.0
-BODY = {"model": "chat-small", "messages": [{"role": "user", "content": "Count to five."}],
-        "max_tokens": 12, "stream": True}
-
-
-@dataclass
-class Load:
-    """Streaming requests from a few threads; each outcome is (status, tokens seen, ok)."""
-
-    url: str
-    auth: dict
-    outcomes: list[tuple[int, int, bool]] = field(default_factory=list)
-    stop: threading.Event = field(default_factory=threading.Event)
-
-    def one(self, client: httpx.Client) -> None:
-        tokens, ok, status = 0, False, 0
-        try:
-            with client.stream("POST", self.url + "/v1/generate", json=BODY, headers=self.auth) as r:
-                status = r.status_code
-                for line in r.iter_lines():
-                    if line.startswith("event: token"):
-                        tokens += 1
-                    elif line.startswith("event: done"):
-                        ok = True
-        except httpx.HTTPError:
-            pass
-        self.outcomes.append((status, tokens, ok))
-
-    def run(self) -> None:
-        with httpx.Client(timeout=120) as client:
-            while not self.stop.is_set():
-                self.one(client)
-
-
-class Control:
-    def __init__(self):
-        self.redis = redis_lib.Redis.from_url(settings.REDIS_URL)
-        self.ctx = FleetContext(redis=self.redis, key_prefix=settings.REDIS_KEY_PREFIX,
-                                dispatcher=CeleryDispatcher(), tick_s=1.0, lost_after_s=LOST_AFTER_S)
-
-    def tick(self) -> None:
-        close_old_connections()
-        now = timezone.now()
-        detect_lost_nodes(now, lost_after_s=LOST_AFTER_S, dispatcher=self.ctx.dispatcher)
-        autoscale_all(now, self.ctx)
-
-    def until(self, check, deadline_s: float, what: str, agents=()):
-        end = time.monotonic() + deadline_s
-        while time.monotonic() < end:
-            self.tick()
-            if check():
-                return
-            for agent in agents:
-                if agent.popen.poll() is not None:
-                    raise RuntimeError(f"{agent.name} exited:\n{agent.log_tail()}")
-            time.sleep(1.0)
-        raise AssertionError(f"no {what} after {deadline_s} s")
 
 
 def _kill_node(agent, node: Node) -> None:
@@ -96,14 +31,6 @@ def _kill_node(agent, node: Node) -> None:
     os.killpg(agent.popen.pid, signal.SIGKILL)  # the agent and its launchers
     agent.popen.wait()
     for pid in server_pids:  # tritonserver runs in a session of its own
-        try:
-            os.killpg(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-
-
-def _cleanup_servers() -> None:
-    for pid in Replica.objects.exclude(server_pid=None).values_list("server_pid", flat=True):
         try:
             os.killpg(pid, signal.SIGKILL)
         except ProcessLookupError:
@@ -121,11 +48,8 @@ def test_killed_agent_is_replaced_in_the_other_zone_without_losing_requests(
            "REDIS_URL": settings.REDIS_URL, "REDIS_KEY_PREFIX": settings.REDIS_KEY_PREFIX,
            "CELERY_BROKER_URL": settings.CELERY_BROKER_URL}
     layout = {f"{run}-a1": "zone-a", f"{run}-b1": "zone-b", f"{run}-b2": "zone-b"}
-    agents = {name: start(f"agent-{name}", [
-        "manage.py", "nodeagent", "--name", name, "--zone", zone, "--cpu-slots", "1",
-        "--memory-mib", "2048", "--heartbeat-s", "1", "--drain-grace-s", "10"], env, LOG_DIR)
-        for name, zone in layout.items()}
-    control = Control()
+    agents = start_agents(layout, env, LOG_DIR)
+    control = Control(LOST_AFTER_S)
     load = Load(live_server_url, {"Authorization": f"Bearer {api_key}"})
     threads = [threading.Thread(target=load.run, daemon=True) for _ in range(3)]
     try:
@@ -140,7 +64,7 @@ def test_killed_agent_is_replaced_in_the_other_zone_without_losing_requests(
 
         for thread in threads:
             thread.start()
-        control.until(lambda: sum(ok for *_, ok in load.outcomes) >= 3, 300, "requests served")
+        control.until(lambda: load.served() >= 3, 300, "requests served")
         lost = ready().get(zone="zone-a")
         lost_node = lost.node
         served_before_kill = len(load.outcomes)
@@ -166,9 +90,4 @@ def test_killed_agent_is_replaced_in_the_other_zone_without_losing_requests(
         assert sum(ok for *_, ok in load.outcomes) > served_before_kill
     finally:
         load.stop.set()
-        for agent in agents.values():
-            agent.stop(timeout=40)  # drains its replicas
-        _cleanup_servers()
-        for name in layout:  # the agents' Celery queues are not under this run's key prefix
-            control.redis.delete(f"node.{name}", f"_kombu.binding.node.{name}")
-        control.redis.close()
+        stop_fleet(agents, layout, control)
