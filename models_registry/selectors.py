@@ -18,6 +18,12 @@ class ServingVersion:
     context_length: int
     routing_policy: str
 
+    @classmethod
+    def of(cls, model: Model, version: ModelVersion) -> ServingVersion:
+        return cls(model_name=model.name, model_version_id=version.pk, version=version.version,
+                   weights_uri=version.weights_uri, tokenizer=version.tokenizer,
+                   context_length=version.context_length, routing_policy=model.routing_policy)
+
 
 @dataclass(frozen=True)
 class ReplicaInfo:
@@ -47,15 +53,7 @@ async def serving_version(model_name: str, tenant_id: int) -> ServingVersion | N
     )
     if version is None:
         return None
-    return ServingVersion(
-        model_name=model.name,
-        model_version_id=version.pk,
-        version=version.version,
-        weights_uri=version.weights_uri,
-        tokenizer=version.tokenizer,
-        context_length=version.context_length,
-        routing_policy=model.routing_policy,
-    )
+    return ServingVersion.of(model, version)
 
 
 async def models_for_tenant(tenant_id: int) -> list[dict]:

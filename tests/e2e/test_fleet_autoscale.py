@@ -23,7 +23,7 @@ from django.utils import timezone
 from models_registry.models import Node, Replica, ReplicaTransition, ScalingDecision, ScalingPolicy
 from models_registry.services import ensure_model_version
 from tenants.services import create_api_key, create_tenant
-from tests.e2e.conftest import LOG_DIR, SMOLLM2_WEIGHTS, _database_url
+from tests.e2e.conftest import LOG_DIR, SMOLLM2_WEIGHTS, platform_env
 from tests.support.fleet import Control, Load, start_agents, stop_fleet
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
@@ -55,9 +55,7 @@ def test_autoscaler_scales_up_under_load_and_back_down_when_idle(transactional_d
         scale_up_cooldown_s=UP_COOLDOWN_S, scale_down_cooldown_s=DOWN_COOLDOWN_S,
         replica_cpu_slots=1, replica_memory_mib=1024, default_load_seconds=10.0)
     api_key = create_api_key(create_tenant("autoscale", "interactive")).raw_key
-    env = {"DJANGO_SETTINGS_MODULE": "llm_platform.settings", "DATABASE_URL": _database_url(),
-           "REDIS_URL": settings.REDIS_URL, "REDIS_KEY_PREFIX": settings.REDIS_KEY_PREFIX,
-           "CELERY_BROKER_URL": settings.CELERY_BROKER_URL}
+    env = platform_env()
     layout = {f"{run}-a1": "zone-a", f"{run}-b1": "zone-b"}
     # Two slots per node: the zone-a node has room for the second replica too, so its placement
     # in zone-b is the spread-across-zones preference, not a lack of room.

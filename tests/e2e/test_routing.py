@@ -30,8 +30,9 @@ from replica.backend.model_parameters import ModelParameters
 from replica.replica_process import ReplicaProcess, ReplicaSpec
 from inference.replica_signals import parse_metrics
 from tenants.services import create_api_key, create_tenant
-from tests.e2e.conftest import LOG_DIR, SMOLLM2_WEIGHTS, _database_url
-from tests.support.processes import REPO, free_port, http_ok, start, wait_until
+from scripts.services import free_ports
+from tests.e2e.conftest import SMOLLM2_WEIGHTS, daphne_server, platform_env
+from tests.support.processes import REPO
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -54,7 +55,7 @@ class Outcome:
 def replicas():
     procs = []
     for _ in range(3):
-        spec = ReplicaSpec("chat-small", free_port(), free_port(), free_port(),
+        spec = ReplicaSpec("chat-small", *free_ports(3),
                            parameters=ModelParameters(kv_cache_bytes=KV_CACHE_BYTES,
                                                       num_threads=1),
                            drain_grace_s=2.0)
@@ -71,28 +72,15 @@ def replicas():
                 proc.stop(grace_s=1.0)
 
 
-def platform_env() -> dict[str, str]:
-    from django.conf import settings
-
-    return {"DJANGO_SETTINGS_MODULE": "llm_platform.settings", "DATABASE_URL": _database_url(),
-            "REDIS_URL": settings.REDIS_URL, "REDIS_KEY_PREFIX": settings.REDIS_KEY_PREFIX,
-            "API_KEY_CACHE_SECONDS": "1", "REGISTRY_CACHE_TTL_SECONDS": "0", "DEBUG": "false",
-            "ROUTER_CIRCUIT_COOLDOWN_SECONDS": "2", "ROUTER_CIRCUIT_FAILURES": "2"}
+def routing_env() -> dict[str, str]:
+    """A short circuit cool-down, so a replica that comes back is probed soon."""
+    return platform_env(ROUTER_CIRCUIT_COOLDOWN_SECONDS="2", ROUTER_CIRCUIT_FAILURES="2")
 
 
 @pytest.fixture(scope="module")
 def router_server(django_db_setup, django_db_blocker):
-    """daphne with a short circuit cool-down, so a replica that comes back is probed soon."""
-    port = free_port()
-    env = platform_env()
-    proc = start("daphne-routing", ["-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
-                                    "llm_platform.asgi:application"], env, LOG_DIR)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_until(lambda: http_ok(url + "/healthz"), proc, 60, "healthz")
+    with daphne_server("daphne-routing", routing_env()) as (url, _):
         yield url
-    finally:
-        proc.stop()
 
 
 @pytest.fixture
@@ -203,7 +191,7 @@ def health_check() -> dict[int, str]:
               "from models_registry.tasks import check_replica_health; "
               "print(json.dumps(check_replica_health()))")
     out = subprocess.run([sys.executable, "-c", script], cwd=REPO, env={**os.environ,
-                         **platform_env()}, check=True, capture_output=True, text=True).stdout
+                         **routing_env()}, check=True, capture_output=True, text=True).stdout
     return {int(k): v for k, v in json.loads(out.strip().splitlines()[-1]).items()}
 
 

@@ -109,3 +109,22 @@ async def test_four_processes_never_exceed_the_tokens_limit(redis):
     level = float(await redis.hget(TokenBuckets(redis, settings.REDIS_KEY_PREFIX,
                                                 FakeClock()).keys(lim.tenant_id)[1], "level"))
     assert 1000 - 7 * 142 <= level < 1000 - 7 * 142 + 0.5  # plus the refill of a few seconds
+
+
+async def test_peek_reads_what_the_lua_refill_would_and_charges_nothing(redis):
+    clock = FakeClock()
+    buckets = TokenBuckets(redis, settings.REDIS_KEY_PREFIX, clock)
+    lim = limits(rpm=60, tpm=600)
+    fresh = await buckets.peek(lim)
+    assert (fresh.requests_level, fresh.tokens_level) == (60.0, 600.0)  # no bucket yet: full
+    charged = await buckets.check(lim, 250)
+    assert (charged.requests_level, charged.tokens_level) == (59.0, 350.0)
+    clock.now += 1.5  # 1.5 requests and 15 tokens refill
+    peeked = await buckets.peek(lim)
+    assert (peeked.requests_level, peeked.tokens_level) == (60.0, 365.0)
+    assert (await buckets.peek(lim)).tokens_level == 365.0  # a peek charged nothing
+    # The Lua check refills the same way: charging 5 now leaves 365 - 5.
+    assert (await buckets.check(lim, 5)).tokens_level == 360.0
+    await buckets.correct(lim, 400)  # below zero after a correction
+    clock.now += 6.0  # + 60 tokens
+    assert (await buckets.peek(lim)).tokens_level == -40.0 + 60.0

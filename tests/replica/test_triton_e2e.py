@@ -12,7 +12,6 @@ import os
 import queue
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -27,6 +26,7 @@ import pytest
 grpc_aio = pytest.importorskip("tritonclient.grpc.aio")
 from tritonclient.grpc import InferInput  # noqa: E402
 from tritonclient.utils import InferenceServerException  # noqa: E402
+from scripts.services import free_ports  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
@@ -59,16 +59,6 @@ class Generation:
     error: str | None = None
 
 
-def _free_ports(n: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(n)]
-    for s in sockets:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in sockets]
-    for s in sockets:
-        s.close()
-    return ports
-
-
 def _pump(stream, sink: queue.Queue) -> None:
     for line in stream:
         sink.put(line.rstrip("\n"))
@@ -77,7 +67,7 @@ def _pump(stream, sink: queue.Queue) -> None:
 
 @pytest.fixture(scope="module")
 def replica(tmp_path_factory):
-    grpc_port, http_port, metrics_port = _free_ports(3)
+    grpc_port, http_port, metrics_port = free_ports(3)
     command = [
         sys.executable, "-m", "replica.launch", "--model", MODEL, "--dtype", "float32",
         "--kv-cache-bytes", str(KV_CACHE_BYTES), "--max-num-seqs", "32", "--max-num-batched-tokens", "256",
@@ -275,7 +265,7 @@ def test_non_streaming_http_generate_returns_the_whole_text_with_the_prompt(repl
 
 
 def test_missing_weights_fails_at_launch_with_a_clear_message(tmp_path):
-    grpc_port, http_port, metrics_port = _free_ports(3)
+    grpc_port, http_port, metrics_port = free_ports(3)
     missing = tmp_path / "nope.gguf"
     result = subprocess.run(
         [sys.executable, "-m", "replica.launch", "--model", "m", "--weights", str(missing),

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -17,6 +16,7 @@ from replica.engine.config import EngineConfig
 from replica.engine.llm_engine import LLMEngine
 from replica.engine.models.loader import default_model_path
 from replica.engine.sampling_params import SamplingParams
+from scripts.services import free_ports
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
@@ -24,18 +24,8 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 PROMPT = "The three primary colours are"
 
 
-def _free_ports(n: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(n)]
-    for s in sockets:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in sockets]
-    for s in sockets:
-        s.close()
-    return ports
-
-
 def test_int8_replica_serves_what_the_int8_engine_generates(tmp_path):
-    grpc_port, http_port, metrics_port = _free_ports(3)
+    grpc_port, http_port, metrics_port = free_ports(3)
     command = [sys.executable, "-m", "replica.launch", "--model", "chat-int8", "--quantization", "int8",
                "--dtype", "float32", "--kv-cache-bytes", str(32 << 20), "--grpc-port", str(grpc_port),
                "--http-port", str(http_port), "--metrics-port", str(metrics_port), "--workdir", str(tmp_path),

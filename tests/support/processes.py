@@ -12,13 +12,9 @@ from pathlib import Path
 
 import httpx
 
+from scripts.services import free_port  # noqa: F401 - re-exported for the tests
+
 REPO = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @dataclass
