@@ -2,10 +2,12 @@
 
 One real SmolLM2 replica, two platform front ends on it (two daphne processes, each with its
 own Redis key prefix): `fair` (admission queue `fair_share` with headroom slots, the engine's
-per-tenant fair share) and `unfair` (admission `fifo` without headroom, one fair-share unit for
-everybody in the engine). Both
-tenants are in the same tier, so only fair share separates them. For each front end, three
-phases of `--phase-s` seconds, open loop (requests are sent on a clock, not after replies):
+per-tenant fair share, newcomer isolation and step interruption) and `unfair` (admission `fifo`
+without headroom, one fair-share unit for everybody in the engine, so nobody is ever a
+newcomer). Both tenants are in the same tier, so only fair share separates them. Each front
+end runs `--rounds` rounds of three phases of `--phase-s` seconds, open loop (requests are sent
+on a clock, not after replies), and pools each phase's samples over the rounds (interleaving
+keeps a slow minute of this noisy machine from landing on one phase only):
   1. B alone: steady interactive traffic (`--b-rate` requests/s);
   2. A alone: bursting at 10x B's rate (what the replica serves flat out: the capacity);
   3. both.
@@ -14,13 +16,16 @@ tokens/s in phase 3 as a share of the capacity B left idle (`a_idle_share`: work
 conservation), and how many of each tenant's requests were refused (503) or failed.
 `a_overloads` says whether A alone asked for more than the replica served (A's requests
 refused or waiting); without that the burst measures nothing, so `--max-tokens` defaults to 32
-(A asks ~160 output tokens/s; the replica serves ~80-90 here).
+(A asks ~320 output tokens/s; the replica serves ~100 here). The replica runs with
+`--replica-threads` torch threads, 1 by default as the node agent launches replicas
+(NODE_REPLICA_THREADS): on 2 cores the other core serves daphne and the load generator.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
 import json
+import math
 import os
 import signal
 import subprocess
@@ -59,10 +64,11 @@ class Sample:
 
 
 def percentile(values: list[float], q: float) -> float:
+    """Nearest rank: the smallest value with at least q % of the values at or below it."""
     ordered = sorted(values)
     if not ordered:
         return float("nan")
-    return ordered[min(len(ordered) - 1, max(0, round(q / 100 * len(ordered) + 0.5) - 1))]
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q / 100 * len(ordered)) - 1))]
 
 
 async def one_request(http: httpx.AsyncClient, base_url: str, tenant: str, key: str,
@@ -130,24 +136,35 @@ def summarize(samples: list[Sample], wall: float) -> dict:
     return out
 
 
-async def measure(base_url: str, keys: dict, args) -> dict:
+async def measure(base_url: str, keys: dict, args, label: str) -> dict:
     limits = httpx.Limits(max_connections=512, max_keepalive_connections=64)
+    b, a = args.b_rate, 10 * args.b_rate
+    plan = (("b_alone", {"B": b}), ("a_alone", {"A": a}), ("both", {"A": a, "B": b}))
+    samples: dict[str, list[Sample]] = {name: [] for name, _ in plan}
+    walls = dict.fromkeys(samples, 0.0)
     async with httpx.AsyncClient(timeout=600, limits=limits) as http:
         await phase(http, base_url, keys, {"B": 1.0}, 2, args.max_tokens)  # warm-up
-        b_alone = summarize(*await phase(http, base_url, keys, {"B": args.b_rate},
-                                         args.phase_s, args.max_tokens))
-        a_alone = summarize(*await phase(http, base_url, keys, {"A": 10 * args.b_rate},
-                                         args.phase_s, args.max_tokens))
-        both = summarize(*await phase(http, base_url, keys,
-                                      {"A": 10 * args.b_rate, "B": args.b_rate},
-                                      args.phase_s, args.max_tokens))
+        for round_no in range(1, args.rounds + 1):
+            for name, rates in plan:
+                got, wall = await phase(http, base_url, keys, rates, args.phase_s, args.max_tokens)
+                samples[name] += got
+                walls[name] += wall
+                mine = summarize(got, wall)
+                shown = ", ".join(f"{t} p50 {v['ttft_p50_ms']} ms p99 {v['ttft_p99_ms']} ms "
+                                  f"refused {v['refused_503']}" for t, v in mine.items())
+                print(f"[{label}] round {round_no}/{args.rounds} {name}: {shown}", file=sys.stderr,
+                      flush=True)
+    b_alone = summarize(samples["b_alone"], walls["b_alone"])
+    a_alone = summarize(samples["a_alone"], walls["a_alone"])
+    both = summarize(samples["both"], walls["both"])
     capacity = a_alone["A"]["output_tokens_per_s"]
     idle = max(1e-9, capacity - both["B"]["output_tokens_per_s"])
     return {
         "victim_slowdown": round(both["B"]["ttft_p99_ms"] / b_alone["B"]["ttft_p99_ms"], 3),
+        "victim_p50_slowdown": round(both["B"]["ttft_p50_ms"] / b_alone["B"]["ttft_p50_ms"], 3),
         "a_idle_share": round(both["A"]["output_tokens_per_s"] / idle, 3),
         "capacity_tokens_per_s": capacity,
-        "a_demand_tokens_per_s": 10 * args.b_rate * args.max_tokens,
+        "a_demand_tokens_per_s": a * args.max_tokens,
         "a_overloads": a_alone["A"]["refused_503"] > 0,
         "b_alone": b_alone["B"], "a_alone": a_alone["A"], "both": both,
     }
@@ -158,7 +175,8 @@ def run(args) -> dict:
                        "ADMISSION_HEADROOM_SLOTS_PER_REPLICA": str(args.headroom),
                        "ADMISSION_POLICY": "fair_share", "ENGINE_FAIR_SHARE": "1"})
     # Its own database: another benchmark's start_fleet would mark this replica stopped.
-    fleet = start_fleet("smollm2", database="llm_platform_bench_fairness")
+    fleet = start_fleet("smollm2", database="llm_platform_bench_fairness",
+                        replica_args=("--num-threads", str(args.replica_threads)))
     try:
         tag = uuid.uuid4().hex[:6]
         names = {"A": f"burst-{tag}", "B": f"steady-{tag}"}
@@ -167,7 +185,7 @@ def run(args) -> dict:
                                  capture_output=True, text=True).stdout
         raw = json.loads(created.strip().splitlines()[-1])
         keys = {short: raw[name] for short, name in names.items()}
-        fair = asyncio.run(measure(fleet.base_url, keys, args))
+        fair = asyncio.run(measure(fleet.base_url, keys, args, "fair"))
         # One front end at a time: the first one's PostgreSQL connections must not starve the
         # second (under load each in-flight request holds one, and PostgreSQL allows ~100).
         daphne = fleet.procs.pop()
@@ -182,18 +200,22 @@ def run(args) -> dict:
         fleet.procs.append(unfair)
         _wait(f"http://127.0.0.1:{port}/readyz", unfair, 60)
         result = {"fair": fair,
-                  "unfair": asyncio.run(measure(f"http://127.0.0.1:{port}", keys, args))}
+                  "unfair": asyncio.run(measure(f"http://127.0.0.1:{port}", keys, args, "unfair"))}
     finally:
         fleet.stop()
     return {
         "victim_slowdown": result["fair"]["victim_slowdown"],
         "victim_slowdown_fairness_off": result["unfair"]["victim_slowdown"],
+        "victim_p50_slowdown": result["fair"]["victim_p50_slowdown"],
+        "victim_p50_slowdown_fairness_off": result["unfair"]["victim_p50_slowdown"],
         "a_idle_share": result["fair"]["a_idle_share"],
         "a_idle_share_fairness_off": result["unfair"]["a_idle_share"],
         "a_overloads": result["fair"]["a_overloads"] and result["unfair"]["a_overloads"],
         "targets": {"victim_slowdown": "<= 1.5"},
         "settings": {"b_rate_per_s": args.b_rate, "a_rate_per_s": 10 * args.b_rate,
-                     "phase_s": args.phase_s, "max_tokens": args.max_tokens,
+                     "phase_s": args.phase_s, "rounds": args.rounds,
+                     "b_samples_per_phase": int(args.phase_s * args.b_rate) * args.rounds,
+                     "max_tokens": args.max_tokens, "replica_threads": args.replica_threads,
                      "slots_per_replica": args.slots, "headroom_slots": args.headroom,
                      "cpu_count": os.cpu_count()},
         **result,
@@ -203,8 +225,12 @@ def run(args) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=None)
-    parser.add_argument("--b-rate", type=float, default=0.5, help="B's requests/s")
+    parser.add_argument("--b-rate", type=float, default=1.0, help="B's requests/s")
     parser.add_argument("--phase-s", type=float, default=20.0)
+    parser.add_argument("--rounds", type=int, default=5,
+                        help="rounds of the three phases (samples pooled per phase)")
+    parser.add_argument("--replica-threads", type=int, default=1,
+                        help="torch threads of the replica (the node agent's default is 1)")
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--slots", type=int, default=4, help="admission slots per replica")
     parser.add_argument("--headroom", type=int, default=2,
@@ -213,8 +239,9 @@ def main() -> None:
     args = parser.parse_args()
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "llm_platform.settings")
     result = run(args)
-    for key in ("victim_slowdown", "victim_slowdown_fairness_off", "a_idle_share",
-                "a_idle_share_fairness_off", "a_overloads"):
+    for key in ("victim_slowdown", "victim_slowdown_fairness_off", "victim_p50_slowdown",
+                "victim_p50_slowdown_fairness_off", "a_idle_share", "a_idle_share_fairness_off",
+                "a_overloads"):
         print(f"{key:30s} {result[key]}")
     print(json.dumps({k: result[k] for k in ("fair", "unfair")}, indent=1))
     if args.out:

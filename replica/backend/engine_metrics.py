@@ -9,6 +9,7 @@ these instead. Names (labels: model, version):
   replica_prompt_tokens_total                           counter
   replica_generated_tokens_total                        counter
   replica_preemptions_total                             counter
+  replica_interrupted_steps_total                       counter
 
 Invariants: every MetricFamily stays referenced for the model's lifetime (a collected family breaks
 its metrics); `close()` deletes the metrics before their families (else the stub may crash on exit).
@@ -29,6 +30,8 @@ COUNTERS = {
     "replica_prompt_tokens_total": ("prompt_tokens", "Prompt tokens processed"),
     "replica_generated_tokens_total": ("generated_tokens", "Tokens generated"),
     "replica_preemptions_total": ("num_preemptions", "Sequences preempted (recompute)"),
+    "replica_interrupted_steps_total": ("num_interrupted_steps",
+                                        "Steps cut short for a lighter tenant's newcomer"),
 }
 
 

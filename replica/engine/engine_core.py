@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from replica.engine.detokenizer import Decoder, IncrementalDetokenizer
+from replica.engine.models.llama import StepInterrupted
 from replica.engine.request import FinishReason, Request, RequestOutput
 from replica.engine.runner.model_runner import ModelRunner
 from replica.engine.sampling_params import InvalidRequestError, SamplingParams
@@ -23,6 +24,7 @@ class EngineStats:
     prompt_tokens: int  # cumulative, computed (recompute after preemption counts again)
     generated_tokens: int  # cumulative
     num_preemptions: int  # cumulative
+    num_interrupted_steps: int = 0  # cumulative: steps cut short for a lighter newcomer
 
 
 class EngineCore:
@@ -90,14 +92,24 @@ class EngineCore:
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
 
-    def step(self) -> list[RequestOutput]:
+    def would_isolate(self, tenant: str, priority: int) -> bool:
+        return self.scheduler.would_isolate(tenant, priority)
+
+    def step(self, interrupt: Callable[[], bool] | None = None) -> list[RequestOutput]:
+        """One step. `interrupt`, asked between layers where the scheduler allows cutting this
+        step short (step interruption), ends it early with no outputs when it says so."""
         out = self.scheduler.schedule()
         if out.is_empty:
             return []
-        for request, num_new in out.scheduled:
-            if request.num_computed_tokens < request.num_prompt_tokens:
-                self._prompt_tokens += min(num_new, request.num_prompt_tokens - request.num_computed_tokens)
-        sampled = self.runner.execute(out, self._seeds)
+        prompt_tokens = sum(min(n, r.num_prompt_tokens - r.num_computed_tokens)
+                            for r, n in out.scheduled if r.num_computed_tokens < r.num_prompt_tokens)
+        try:
+            sampled = self.runner.execute(
+                out, self._seeds, interrupt if self.scheduler.step_interruptible else None)
+        except StepInterrupted:
+            self.scheduler.interrupted(out)
+            return []
+        self._prompt_tokens += prompt_tokens
         progressed = self.scheduler.update(out, sampled, self.eos_token_ids)
         self._generated_tokens += len(progressed)
         outputs = []
@@ -144,4 +156,5 @@ class EngineCore:
             prompt_tokens=self._prompt_tokens,
             generated_tokens=self._generated_tokens,
             num_preemptions=s.num_preemptions,
+            num_interrupted_steps=s.num_interrupted_steps,
         )

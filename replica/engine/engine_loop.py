@@ -9,6 +9,9 @@ Invariants:
 - Callbacks run on the loop thread and must be quick; one that raises aborts its own request and
   nobody else's.
 - The thread sleeps on a condition while the engine has nothing to do (no busy spin).
+- Step interruption: `submit` flags an arrival; between two layers of a step the model asks
+  `_interrupt` (on the loop thread), which says yes once per arrival when the engine would start
+  a queued request in an isolated step (a lighter tenant's newcomer, scheduler.py).
 """
 from __future__ import annotations
 
@@ -97,6 +100,7 @@ class EngineLoop:
         self._drain_deadline: float | None = None
         self._stop_requested = False
         self._error: BaseException | None = None
+        self._arrived = False  # an _Add came since the last interrupt check (read lock-free)
         # Written by the loop thread only: where its time goes (engine steps vs. our callbacks).
         self.timing = LoopTiming()
 
@@ -132,6 +136,7 @@ class EngineLoop:
             self._commands.append(
                 _Add(request_id, list(prompt_token_ids), params, int(priority), tenant, cache_salt)
             )
+            self._arrived = True
             self._cond.notify()
 
     def abort(self, request_id: str) -> None:
@@ -236,7 +241,7 @@ class EngineLoop:
                     break
                 if self._engine.has_unfinished_requests():
                     started = time.perf_counter()
-                    outputs = self._engine.step()
+                    outputs = self._engine.step(self._interrupt)
                     stepped = time.perf_counter()
                     self._deliver(outputs)
                     self.timing.record(stepped - started, time.perf_counter() - stepped, len(outputs))
@@ -251,6 +256,16 @@ class EngineLoop:
         with self._cond:
             self._state = _STOPPED
             self._cond.notify_all()
+
+    def _interrupt(self) -> bool:
+        """Asked by the model between layers of a step that may be cut short: has a request
+        arrived that the engine would start in an isolated step (a lighter tenant's newcomer)?"""
+        if not self._arrived:
+            return False
+        with self._cond:
+            self._arrived = False
+            adds = [c for c in self._commands if isinstance(c, _Add)]
+        return any(self._engine.would_isolate(c.tenant, c.priority) for c in adds)
 
     def _drain_due(self) -> bool:
         return (

@@ -68,8 +68,11 @@ class LLMEngine:
     def abort_request(self, request_id: str) -> RequestOutput | None:
         return self.core.abort_request(request_id)
 
-    def step(self) -> list[RequestOutput]:
-        return self.core.step()
+    def step(self, interrupt: Callable[[], bool] | None = None) -> list[RequestOutput]:
+        return self.core.step(interrupt)
+
+    def would_isolate(self, tenant: str, priority: int) -> bool:
+        return self.core.would_isolate(tenant, priority)
 
     def has_unfinished_requests(self) -> bool:
         return self.core.has_unfinished_requests()

@@ -6,12 +6,19 @@ priority (lower value first), then fair share (the tenant served the fewest weig
 then arrival. When blocks run out a running request is preempted by recompute: the victim is
 the lowest-priority, latest-arrived running request.
 
-Prefill isolation: a step that admits a request of a tenant with nothing running (an
-interactive user arriving while another tenant bursts) carries no new prefill of tenants that
-already run something: their waiting requests and their running prefill chunks wait one step
-(their decodes go on). The newcomer's first token then costs one short step, not a step
-swollen by the burst's prefills. Never two steps in a row, and only when the newcomer is
-actually admitted (else the deferred work runs at once), so nothing starves or idles.
+Newcomer isolation: when the best waiting request (within the best waiting tier) belongs to a
+tenant that runs fewer requests than another tenant of its tier or below (an interactive user
+arriving while another tenant bursts), the step that admits it carries only the lighter tenants'
+work: the heavier tenants' decodes and prefills wait that one step. The newcomer's first token
+then costs one short step, not a step swollen by the burst. Never two isolated steps in a row,
+and only when the newcomer is actually admitted (else the held work runs in that same step), so
+nothing starves or idles; a burst of N running sequences loses at most every other step.
+
+Step interruption: a step already under way when such a newcomer arrives is cut short between
+two layers (the engine asks `would_isolate`; `interrupted` records it) and scheduled again after
+the newcomer's isolated step, so the newcomer does not wait for the heavier tenants' step
+either. Only an ordinary step that follows an ordinary completed step can be cut short: of any
+three steps in a row the heavier tenants get at least one.
 
 Invariants:
 - a request is in exactly one of `waiting`, `running`, or neither (finished);
@@ -69,6 +76,9 @@ class Scheduler:
         self.num_preemptions = 0
         self.prefix_hit_tokens = 0
         self._isolated_last_step = False
+        self._interrupted_last_step = False
+        self.step_interruptible = False  # may the step just scheduled be cut short?
+        self.num_interrupted_steps = 0
 
     # --- admission -------------------------------------------------------------------------
 
@@ -89,56 +99,25 @@ class Scheduler:
     # --- one step --------------------------------------------------------------------------
 
     def schedule(self) -> SchedulerOutput:
-        budget = self.max_num_batched_tokens
         scheduled: dict[str, int] = {}
         preempted: list[str] = []
         self.waiting.sort(key=self._waiting_key)
-        busy_tenants = self._isolation_tenants()
-        deferred: list[Request] = []  # running prefill chunks of busy tenants, held this step
-
         self.running.sort(key=_priority_key)
-        i = 0
-        while i < len(self.running) and budget > 0:
-            request = self.running[i]
-            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
-            if num_new <= 0:
-                i += 1
-                continue
-            if busy_tenants and request.num_computed_tokens < request.num_prompt_tokens:
-                deferred.append(request)
-                i += 1
-                continue
-            while not self.kv.allocate(request, num_new):
-                victim = max(self.running, key=_priority_key)
-                if self.running.index(victim) < i:
-                    i -= 1  # keep `i` on `request` after the list shrinks
-                budget += scheduled.pop(victim.request_id, 0)
-                self._preempt(victim)
-                preempted.append(victim.request_id)
-                if victim in deferred:
-                    deferred.remove(victim)
-                if victim is request:
-                    break
-            else:
-                scheduled[request.request_id] = num_new
-                budget -= num_new
-                i += 1
-
+        was_ordinary = not self._isolated_last_step and not self._interrupted_last_step
+        self._interrupted_last_step = False
+        hold = self._isolation_hold()
+        self._schedule_running(scheduled, preempted, hold)
         # after a preemption the pool is under pressure: admit nothing new this step
         if not preempted:
-            admitted = self._admit_waiting(budget, scheduled, preempted, busy_tenants)
-            if busy_tenants and not any(r.tenant not in busy_tenants for r in admitted):
-                # The newcomer could not start: nothing to isolate, run the held-back work.
-                busy_tenants = set()
-                for request in deferred:
-                    budget = self.max_num_batched_tokens - sum(scheduled.values())
-                    num_new = min(request.num_tokens - request.num_computed_tokens, budget)
-                    if num_new > 0 and request in self.running and self.kv.allocate(request, num_new):
-                        scheduled[request.request_id] = num_new
+            admitted = self._admit_waiting(self._budget_left(scheduled), scheduled, preempted, hold)
+            if hold is not None and not any(not hold.holds(r) for r in admitted):
+                # The newcomer could not start: nothing to isolate, run the held work now.
+                hold = None
+                self._schedule_running(scheduled, preempted, None)
                 if not preempted:
-                    budget = self.max_num_batched_tokens - sum(scheduled.values())
-                    self._admit_waiting(budget, scheduled, preempted, set())
-        self._isolated_last_step = bool(busy_tenants)
+                    self._admit_waiting(self._budget_left(scheduled), scheduled, preempted, None)
+        self._isolated_last_step = hold is not None
+        self.step_interruptible = was_ordinary and hold is None
 
         batch = [(self.requests[rid], n) for rid, n in scheduled.items()]
         return SchedulerOutput(
@@ -148,28 +127,86 @@ class Scheduler:
             preempted_ids=preempted,
         )
 
-    def _isolation_tenants(self) -> set[str]:
-        """The tenants whose new prefills wait this step (prefill isolation), or none."""
+    def _budget_left(self, scheduled: dict[str, int]) -> int:
+        return self.max_num_batched_tokens - sum(scheduled.values())
+
+    def _schedule_running(self, scheduled: dict[str, int], preempted: list[str],
+                          hold: _Hold | None) -> None:
+        """Schedule the running requests not yet in `scheduled` (priority order), except those
+        `hold` holds back; when blocks run out, preempt the worst running request."""
+        budget = self._budget_left(scheduled)
+        i = 0
+        while i < len(self.running) and budget > 0:
+            request = self.running[i]
+            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            if num_new <= 0 or request.request_id in scheduled or (hold and hold.holds(request)):
+                i += 1
+                continue
+            while not self.kv.allocate(request, num_new):
+                victim = max(self.running, key=_priority_key)
+                if self.running.index(victim) < i:
+                    i -= 1  # keep `i` on `request` after the list shrinks
+                budget += scheduled.pop(victim.request_id, 0)
+                self._preempt(victim)
+                preempted.append(victim.request_id)
+                if victim is request:
+                    break
+            else:
+                scheduled[request.request_id] = num_new
+                budget -= num_new
+                i += 1
+
+    def would_isolate(self, tenant: str, priority: int) -> bool:
+        """Would a request of `tenant` at `priority` arriving now get an isolated step next, so
+        that the step under way (if `step_interruptible`) is worth cutting short?"""
+        if self._isolated_last_step or len(self.running) >= self.max_num_seqs:
+            return False
+        if any(r.priority < priority for r in self.waiting):
+            return False  # a better tier waits: the newcomer would not go first
+        counts: dict[str, int] = {}
+        for r in self.running:
+            if r.priority >= priority:
+                counts[r.tenant] = counts.get(r.tenant, 0) + 1
+        mine = counts.pop(tenant, 0)
+        heaviest = max(counts.values(), default=0)
+        return heaviest > mine
+
+    def interrupted(self, output: SchedulerOutput) -> None:
+        """The step `output` was cut short before any of it counted: its requests keep their
+        blocks and computed counts and are scheduled again."""
+        self._interrupted_last_step = True
+        self.num_interrupted_steps += 1
+
+    def _isolation_hold(self) -> _Hold | None:
+        """Which running work waits this step so that a lighter tenant's newcomer starts in a
+        short step (newcomer isolation), or None."""
         if self._isolated_last_step or not self.waiting or len(self.running) >= self.max_num_seqs:
-            return set()
-        busy = {r.tenant for r in self.running}
-        newcomers = [r for r in self.waiting if r.tenant not in busy]
-        if not busy or not newcomers:
-            return set()
-        # Only for a newcomer of the best waiting tier: batch work never holds back interactive.
-        if min(r.priority for r in newcomers) > self.waiting[0].priority:
-            return set()
-        return busy
+            return None
+        tier = self.waiting[0].priority
+        # Running requests per tenant, of the best waiting tier or below (never an interactive
+        # tenant held back for a standard newcomer).
+        counts: dict[str, int] = {}
+        for r in self.running:
+            if r.priority >= tier:
+                counts[r.tenant] = counts.get(r.tenant, 0) + 1
+        for newcomer in self.waiting:  # fair-share order
+            if newcomer.priority != tier:
+                break
+            mine = counts.get(newcomer.tenant, 0)
+            heavier = frozenset(t for t, c in counts.items() if c > mine)
+            if heavier:
+                return _Hold(heavier, tier)
+        return None
 
     def _admit_waiting(self, budget: int, scheduled: dict[str, int], preempted: list[str],
-                       skip_tenants: set[str]) -> list[Request]:
-        """Admit waiting requests in order (skipping `skip_tenants`) while budget, sequence
-        slots and blocks allow; returns the admitted requests."""
+                       hold: _Hold | None) -> list[Request]:
+        """Admit waiting requests in order (except those `hold` holds back) while budget,
+        sequence slots and blocks allow; returns the admitted requests."""
         admitted: list[Request] = []
         i = 0
         while i < len(self.waiting) and budget > 0:
             request = self.waiting[i]
-            if request.tenant in skip_tenants:
+            if hold is not None and hold.holds(request):
                 i += 1
                 continue
             if len(self.running) >= self.max_num_seqs:
@@ -268,6 +305,17 @@ class Scheduler:
         request.status = RequestStatus.FINISHED
         request.finish_reason = reason
         self.requests.pop(request.request_id, None)
+
+
+@dataclass(frozen=True)
+class _Hold:
+    """Newcomer isolation for one step: `tenants`' requests of priority >= `priority` wait."""
+
+    tenants: frozenset[str]
+    priority: int
+
+    def holds(self, request: Request) -> bool:
+        return request.tenant in self.tenants and request.priority >= self.priority
 
 
 def _priority_key(request: Request):

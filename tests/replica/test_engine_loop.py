@@ -44,7 +44,7 @@ class ScriptedEngine:
         self._touch()
         return bool(self.requests)
 
-    def step(self):
+    def step(self, interrupt=None):
         self._touch()
         self.num_steps += 1
         if self.fail_on_step is not None and self.num_steps >= self.fail_on_step:
@@ -62,6 +62,9 @@ class ScriptedEngine:
             if done:
                 del self.requests[request_id]
         return outputs
+
+    def would_isolate(self, tenant, priority):
+        return False
 
     def stats(self):
         self._touch()
@@ -265,3 +268,50 @@ def test_submit_before_start_is_refused(engine):
     loop = EngineLoop(engine)
     with pytest.raises(EngineUnavailableError, match="not started"):
         loop.submit("a", [1], greedy(1), on_output=lambda o: None)
+
+
+class InterruptibleEngine(ScriptedEngine):
+    """Each step polls `interrupt` like the model does between layers; a lighter tenant is
+    "B" (the only tenant `would_isolate` says yes to)."""
+
+    def __init__(self) -> None:
+        super().__init__(step_sleep_s=0.0)
+        self.interrupted_steps = 0
+        self.step_started = threading.Event()
+
+    def step(self, interrupt=None):
+        self._touch()
+        self.step_started.set()
+        deadline = time.monotonic() + 0.2
+        while time.monotonic() < deadline:  # a long step, "layer" by "layer"
+            if interrupt is not None and interrupt():
+                self.interrupted_steps += 1
+                return []
+            time.sleep(0.002)
+        return super().step()
+
+    def add_request(self, request_id, prompt_token_ids, sampling_params, *, priority=0, tenant="", cache_salt=""):
+        super().add_request(request_id, prompt_token_ids, sampling_params, priority=priority,
+                            tenant=tenant, cache_salt=cache_salt)
+
+    def would_isolate(self, tenant, priority):
+        return tenant == "B"
+
+
+def test_a_lighter_newcomer_cuts_the_step_under_way_short_and_a_heavier_one_does_not():
+    engine = InterruptibleEngine()
+    loop = EngineLoop(engine)
+    loop.start()
+    got = Collector()
+    try:
+        loop.submit("a1", [1], greedy(3), tenant="A", on_output=got("a1"))
+        assert engine.step_started.wait(2.0)
+        loop.submit("a2", [1], greedy(3), tenant="A", on_output=got("a2"))  # the burst itself
+        time.sleep(0.05)
+        assert engine.interrupted_steps == 0
+        loop.submit("b1", [1], greedy(1), tenant="B", on_output=got("b1"))
+        got.wait("a1", "a2", "b1")
+        assert engine.interrupted_steps == 1  # once per arrival, not once per poll
+        assert [o.new_token_ids for o in got.outputs["a1"]] == [[1], [2], [3]]  # nothing lost
+    finally:
+        loop.stop()

@@ -122,7 +122,7 @@ def _ids(out) -> list[str]:
     return [r.request_id for r, _ in out.scheduled]
 
 
-def test_newcomer_prefill_gets_a_step_without_the_bursting_tenants_prefills():
+def test_newcomer_gets_a_step_without_the_bursting_tenant():
     s = _scheduler(budget=64)
     s.add_request(_req("a1", tenant="A", max_tokens=10))
     s.add_request(_req("a2", tenant="A", max_tokens=10))
@@ -130,10 +130,46 @@ def test_newcomer_prefill_gets_a_step_without_the_bursting_tenants_prefills():
     s.add_request(_req("a3", tenant="A", t=1.0))  # A's burst goes on
     s.add_request(_req("b1", tenant="B", t=2.0))  # B arrives with nothing running
     out = _step(s)
-    # B's prefill shares the step with A's decodes only; a3's prefill waits one step.
-    assert _ids(out) == ["a1", "a2", "b1"]
+    # B's prefill runs alone: A's decodes and a3's prefill wait one step.
+    assert _ids(out) == ["b1"]
     out = _step(s)
-    assert "a3" in _ids(out)
+    assert sorted(_ids(out)) == ["a1", "a2", "a3", "b1"]
+
+
+def test_a_tenant_running_fewer_requests_than_the_burst_is_a_newcomer_too():
+    s = _scheduler(budget=64)
+    for rid in ("a1", "a2", "a3", "b1"):
+        s.add_request(_req(rid, tenant=rid[0].upper(), max_tokens=20))
+    _step(s)  # A runs three sequences, B one
+    s.add_request(_req("a4", tenant="A", t=1.0))
+    s.add_request(_req("b2", tenant="B", t=2.0))
+    out = _step(s)
+    # B (one running) is lighter than A (three): B's decode and B's new prefill run alone.
+    assert sorted(_ids(out)) == ["b1", "b2"]
+    assert sorted(_ids(_step(s))) == ["a1", "a2", "a3", "a4", "b1", "b2"]
+
+
+def test_equal_tenants_hold_nobody_back():
+    s = _scheduler(budget=64)
+    for rid in ("a1", "b1"):
+        s.add_request(_req(rid, tenant=rid[0].upper(), max_tokens=20))
+    _step(s)
+    s.add_request(_req("b2", tenant="B", t=1.0))
+    s.add_request(_req("a2", tenant="A", t=2.0))
+    assert sorted(_ids(_step(s))) == ["a1", "a2", "b1", "b2"]
+
+
+def test_interactive_work_is_never_held_for_a_standard_newcomer():
+    s = _scheduler(budget=64)
+    s.add_request(_req("i1", tenant="I", priority=0, max_tokens=20))
+    s.add_request(_req("i2", tenant="I", priority=0, max_tokens=20))
+    s.add_request(_req("x1", tenant="X", priority=5, max_tokens=20))
+    s.add_request(_req("x2", tenant="X", priority=5, max_tokens=20))
+    _step(s)
+    s.add_request(_req("s1", tenant="S", priority=5, t=1.0))
+    out = _step(s)
+    # X (same tier as the newcomer, two running) waits; interactive I goes on.
+    assert sorted(_ids(out)) == ["i1", "i2", "s1"]
 
 
 def test_running_prefill_chunks_of_the_busy_tenant_wait_one_step():
@@ -164,9 +200,11 @@ def test_isolation_idles_nothing_when_the_newcomer_cannot_start():
     s.add_request(_req("a1", tenant="A", n_prompt=4, max_tokens=10))
     _step(s)  # a1 holds 1 block (+1 to decode)
     s.add_request(_req("a2", tenant="A", n_prompt=4, t=1.0))
-    s.add_request(_req("b1", tenant="B", n_prompt=16, t=2.0))  # 3 more blocks: no room now
+    # 4 blocks of tokens nobody cached; 3 are free: no room now
+    s.add_request(Request("b1", list(range(100, 116)), SamplingParams(max_tokens=4, ignore_eos=True),
+                          arrival_time=2.0, tenant="B"))
     out = _step(s)
-    assert "a2" in _ids(out) and "b1" not in _ids(out)
+    assert sorted(_ids(out)) == ["a1", "a2"]  # the held work ran in the same step
 
 
 def test_lone_tenant_and_shared_unit_are_not_isolated():
@@ -211,3 +249,37 @@ def test_random_multi_tenant_arrivals_finish_and_free_everything(reqs, num_block
         steps += 1
         assert steps < 2000, "scheduler made no progress"
     assert s.kv.num_free_blocks == num_blocks
+
+
+def test_would_isolate_a_lighter_tenant_of_the_best_tier_only():
+    s = _scheduler(budget=64)
+    for rid in ("a1", "a2", "a3", "b1"):
+        s.add_request(_req(rid, tenant=rid[0].upper(), priority=5, max_tokens=20))
+    _step(s)
+    assert s.would_isolate("B", 5) and s.would_isolate("C", 5)  # 1 and 0 running vs A's 3
+    assert not s.would_isolate("A", 5)  # the heaviest never cuts its own steps short
+    assert s.would_isolate("C", 0)  # an interactive newcomer
+    assert not s.would_isolate("C", 9)  # batch work does not hold back the standard tier
+    s.add_request(_req("urgent", tenant="D", priority=0, t=1.0))
+    assert not s.would_isolate("C", 5)  # a better tier waits: C would not go first
+
+
+def test_only_an_ordinary_step_after_an_ordinary_step_may_be_cut_short():
+    s = _scheduler(budget=64)
+    for rid in ("a1", "a2"):
+        s.add_request(_req(rid, tenant="A", max_tokens=30))
+    _step(s)
+    out = s.schedule()
+    assert s.step_interruptible
+    s.interrupted(out)  # nothing of it counted
+    assert s.num_interrupted_steps == 1
+    assert all(r.num_computed_tokens == 6 and r.num_output_tokens == 1 for r, _ in out.scheduled)
+    s.add_request(_req("b1", tenant="B", t=1.0))
+    out = s.schedule()  # the newcomer's isolated step
+    assert _ids(out) == ["b1"] and not s.step_interruptible
+    s.update(out, {"b1": 7}, EOS)
+    out = s.schedule()  # right after an isolated step: A runs, whatever arrives
+    assert sorted(_ids(out)) == ["a1", "a2", "b1"] and not s.step_interruptible
+    s.update(out, {r.request_id: 7 for r, _ in out.scheduled}, EOS)
+    s.schedule()
+    assert s.step_interruptible

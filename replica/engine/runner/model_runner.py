@@ -5,6 +5,8 @@ Owns the KV pool tensors: per layer one K and one V tensor of
 """
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 
 from replica.engine.config import ModelConfig
@@ -106,13 +108,15 @@ class ModelRunner:
         )
 
     @torch.inference_mode()
-    def execute(self, out: SchedulerOutput, seeds: dict[str, int]) -> dict[str, int]:
-        """Run one step; return the sampled token per request that reached its frontier."""
+    def execute(self, out: SchedulerOutput, seeds: dict[str, int],
+                interrupt: Callable[[], bool] | None = None) -> dict[str, int]:
+        """Run one step; return the sampled token per request that reached its frontier.
+        Raises StepInterrupted when `interrupt` (asked between layers) says stop."""
         input_ids, positions, meta, logits_idx, sampled_requests = self._prepare(out)
         if not sampled_requests:
-            self.model(input_ids, positions, self.kv_pools, meta, logits_idx)
+            self.model(input_ids, positions, self.kv_pools, meta, logits_idx, interrupt)
             return {}
-        logits = self.model(input_ids, positions, self.kv_pools, meta, logits_idx).cpu()
+        logits = self.model(input_ids, positions, self.kv_pools, meta, logits_idx, interrupt).cpu()
         tokens = self.sampler.sample(
             logits,
             [r.sampling_params for r in sampled_requests],
