@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import math
 import os
@@ -101,13 +102,17 @@ async def one_request(http: httpx.AsyncClient, base_url: str, tenant: str, key: 
 
 async def phase(http, base_url: str, keys: dict, rates: dict[str, float], seconds: float,
                 max_tokens: int) -> tuple[list[Sample], float]:
-    """Open loop: each tenant sends at its rate for `seconds`; waits for every reply."""
+    """Open loop: each tenant sends at its rate for `seconds`; waits for every reply. B's
+    requests fall half a period after each tick: B's first request would otherwise arrive in
+    the same millisecond as the first of A's burst in every round, and a tenant arriving at
+    the same instant as another is served as its equal (one step behind it), not as a victim."""
     tasks: list[asyncio.Task] = []
     start = time.perf_counter()
 
     async def sender(tenant: str, rate: float):
+        offset = 0.5 / rate if tenant == "B" else 0.0
         for i in range(int(seconds * rate)):
-            delay = start + i / rate - time.perf_counter()
+            delay = start + offset + i / rate - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
             tasks.append(asyncio.create_task(
@@ -137,6 +142,8 @@ def summarize(samples: list[Sample], wall: float) -> dict:
 
 
 async def measure(base_url: str, keys: dict, args, label: str) -> dict:
+    gc.collect()
+    gc.freeze()  # the load generator's own full collections must not show up as TTFT
     limits = httpx.Limits(max_connections=512, max_keepalive_connections=64)
     b, a = args.b_rate, 10 * args.b_rate
     plan = (("b_alone", {"B": b}), ("a_alone", {"A": a}), ("both", {"A": a, "B": b}))
