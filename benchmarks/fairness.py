@@ -102,15 +102,17 @@ async def one_request(http: httpx.AsyncClient, base_url: str, tenant: str, key: 
 
 async def phase(http, base_url: str, keys: dict, rates: dict[str, float], seconds: float,
                 max_tokens: int) -> tuple[list[Sample], float]:
-    """Open loop: each tenant sends at its rate for `seconds`; waits for every reply. B's
-    requests fall half a period after each tick: B's first request would otherwise arrive in
-    the same millisecond as the first of A's burst in every round, and a tenant arriving at
-    the same instant as another is served as its equal (one step behind it), not as a victim."""
+    """Open loop: each tenant sends at its rate for `seconds`; waits for every reply. A sends
+    on the tick; B's requests fall midway between two of A's sends (at 0.55 of its own period,
+    A's period being a tenth of it). Both on the tick, B's first request would arrive in the
+    same millisecond as the first of A's burst every round (and every B request with one of
+    A's): random arrivals rarely meet like that, and two requests arriving at the same instant
+    are served as equals, one behind the other."""
     tasks: list[asyncio.Task] = []
     start = time.perf_counter()
 
     async def sender(tenant: str, rate: float):
-        offset = 0.5 / rate if tenant == "B" else 0.0
+        offset = 0.55 / rate if tenant == "B" else 0.0
         for i in range(int(seconds * rate)):
             delay = start + offset + i / rate - time.perf_counter()
             if delay > 0:
