@@ -169,15 +169,34 @@ def _first_error(errors, path: str = "") -> tuple[str, str]:
     return path, str(errors)
 
 
+def _unbind(field: serializers.Field) -> None:
+    """Undo DRF's two-way binding of a used serializer's fields (each field's `parent` is the
+    serializer that lists it), a reference cycle per field that only a garbage collection
+    frees: ~115 objects per request, which piled up under load until a full collection paused
+    the whole front end (20-100 ms every ~30 s). Unbound, they are freed at once."""
+    fields = field.__dict__.pop("fields", None)  # the cached `fields`: a BindingDict
+    children = list(fields.values()) if fields is not None else []
+    child = getattr(field, "child", None)  # ListField, ListSerializer
+    if child is not None:
+        children.append(child)
+    for child in children:
+        child.parent = None
+        _unbind(child)
+
+
 def parse_request(endpoint: str, body: object) -> GenerationRequest:
     """Validate a decoded JSON body for `endpoint`, or raise InvalidRequest (400)."""
     if not isinstance(body, dict):
         raise InvalidRequest("The request body must be a JSON object.")
     serializer = SERIALIZERS[endpoint](data=body)
-    if not serializer.is_valid():
-        param, message = _first_error(serializer.errors)
-        raise InvalidRequest(f"{param}: {message}" if param else message, param=param or None)
-    data = serializer.validated_data
+    try:
+        if not serializer.is_valid():
+            param, message = _first_error(serializer.errors)
+            raise InvalidRequest(f"{param}: {message}" if param else message,
+                                 param=param or None)
+        data = serializer.validated_data
+    finally:
+        _unbind(serializer)
     max_tokens = data.get("max_tokens")
     if endpoint == "chat" and data.get("max_completion_tokens") is not None:
         max_tokens = data["max_completion_tokens"]

@@ -210,6 +210,8 @@ CACHES = {
         "BACKEND": "django.core.cache.backends.redis.RedisCache",
         "LOCATION": REDIS_URL,
         "KEY_PREFIX": REDIS_KEY_PREFIX + "cache",
+        # One pool per process, not one per request context (llm_platform/cache.py).
+        "OPTIONS": {"pool_class": "llm_platform.cache.SharedConnectionPool"},
     }
 }
 

@@ -4,7 +4,7 @@ import os
 import uuid
 
 from llm_platform.settings import *  # noqa: F403
-from llm_platform.settings import DATABASES
+from llm_platform.settings import CACHES, DATABASES
 
 # Inherited by subprocesses (daphne, fakes) started by the tests, so they share these names.
 TEST_RUN_ID = os.environ.setdefault("LLMP_TEST_RUN_ID", uuid.uuid4().hex[:8])
@@ -16,13 +16,7 @@ CHANNEL_LAYERS = {
         "CONFIG": {"hosts": [REDIS_URL], "prefix": REDIS_KEY_PREFIX + "asgi"},  # noqa: F405
     }
 }
-CACHES = {
-    "default": {
-        "BACKEND": "django.core.cache.backends.redis.RedisCache",
-        "LOCATION": REDIS_URL,  # noqa: F405
-        "KEY_PREFIX": REDIS_KEY_PREFIX + "cache",
-    }
-}
+CACHES = {"default": {**CACHES["default"], "KEY_PREFIX": REDIS_KEY_PREFIX + "cache"}}
 API_KEY_CACHE_SECONDS = 1.0
 QUOTA_LIMITS_CACHE_SECONDS = 0.0  # tests edit limits and expect them seen at once
 REGISTRY_CACHE_TTL_SECONDS = 0.0  # tests change replica states and expect them seen at once

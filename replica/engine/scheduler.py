@@ -6,10 +6,11 @@ priority (lower value first), then fair share (the tenant served the fewest weig
 then arrival. When blocks run out a running request is preempted by recompute: the victim is
 the lowest-priority, latest-arrived running request.
 
-Newcomer isolation: when the best waiting request (within the best waiting tier) belongs to a
-tenant that runs fewer requests than another tenant of its tier or below (an interactive user
-arriving while another tenant bursts), the step that admits it carries only the lighter tenants'
-work: the heavier tenants' decodes and prefills wait that one step. The newcomer's first token
+Newcomer isolation: when a waiting request of the best waiting tier belongs to a tenant with
+fewer requests in the engine (running or waiting, the newcomer included) than another tenant of
+its tier or below that has something running (an interactive user arriving while another
+tenant bursts), the step that admits it carries only the
+lighter tenants' work: the heavier tenants' decodes and prefills wait that one step. The newcomer's first token
 then costs one short step, not a step swollen by the burst. Never two isolated steps in a row,
 and only when the newcomer is actually admitted (else the held work runs in that same step), so
 nothing starves or idles; a burst of N running sequences loses at most every other step.
@@ -163,13 +164,10 @@ class Scheduler:
             return False
         if any(r.priority < priority for r in self.waiting):
             return False  # a better tier waits: the newcomer would not go first
-        counts: dict[str, int] = {}
-        for r in self.running:
-            if r.priority >= priority:
-                counts[r.tenant] = counts.get(r.tenant, 0) + 1
-        mine = counts.pop(tenant, 0)
-        heaviest = max(counts.values(), default=0)
-        return heaviest > mine
+        load = self._load_per_tenant(priority)
+        mine = load.pop(tenant, 0) + 1  # the newcomer's tenant's, the newcomer too
+        running = self._running_tenants
+        return any(n > mine and t in running for t, n in load.items())
 
     def interrupted(self, output: SchedulerOutput) -> None:
         """The step `output` was cut short before any of it counted: its requests keep their
@@ -183,20 +181,32 @@ class Scheduler:
         if self._isolated_last_step or not self.waiting or len(self.running) >= self.max_num_seqs:
             return None
         tier = self.waiting[0].priority
-        # Running requests per tenant, of the best waiting tier or below (never an interactive
-        # tenant held back for a standard newcomer).
-        counts: dict[str, int] = {}
-        for r in self.running:
-            if r.priority >= tier:
-                counts[r.tenant] = counts.get(r.tenant, 0) + 1
+        load = self._load_per_tenant(tier)
         for newcomer in self.waiting:  # fair-share order
             if newcomer.priority != tier:
                 break
-            mine = counts.get(newcomer.tenant, 0)
-            heavier = frozenset(t for t, c in counts.items() if c > mine)
+            mine = load.get(newcomer.tenant, 0)  # the newcomer's tenant's, the newcomer too
+            running = self._running_tenants
+            heavier = frozenset(t for t, n in load.items()
+                                if n > mine and t in running and t != newcomer.tenant)
             if heavier:
                 return _Hold(heavier, tier)
         return None
+
+    @property
+    def _running_tenants(self) -> set[str]:
+        return {r.tenant for r in self.running}
+
+    def _load_per_tenant(self, priority: int) -> dict[str, int]:
+        """Requests per tenant in the engine, running or waiting, of `priority` or below (an
+        interactive tenant never counts against a standard newcomer). Waiting ones count: a
+        burst whose requests just finished and whose next ones only queued is still a burst.
+        Only a tenant with something running can be heavier (something under way to hold)."""
+        load: dict[str, int] = {}
+        for r in (*self.running, *self.waiting):
+            if r.priority >= priority:
+                load[r.tenant] = load.get(r.tenant, 0) + 1
+        return load
 
     def _admit_waiting(self, budget: int, scheduled: dict[str, int], preempted: list[str],
                        hold: _Hold | None) -> list[Request]:

@@ -28,3 +28,17 @@ def test_console_login_attempts_are_limited(settings):
                 for _ in range(11)]
     assert statuses[:10] == [200] * 10  # the form again, with an error
     assert statuses[10] == 403
+
+
+def test_every_cache_backend_of_a_process_shares_one_redis_pool():
+    """Django makes a cache backend per request context; each used to open its own Redis
+    connection (one per API request, django-ratelimit counting in the cache)."""
+    from django.core.cache import caches
+
+    backends = [caches.create_connection("default") for _ in range(20)]
+    for i, backend in enumerate(backends):  # a request each, one after the other
+        backend.set(f"shared-pool-{i}", i, 5)
+        assert backend.get(f"shared-pool-{i}") == i
+    pools = {id(backend._cache._get_connection_pool(True)) for backend in backends}
+    assert len(pools) == 1
+    assert backends[0]._cache._get_connection_pool(True)._created_connections == 1

@@ -175,12 +175,21 @@ def test_interactive_work_is_never_held_for_a_standard_newcomer():
 def test_running_prefill_chunks_of_the_busy_tenant_wait_one_step():
     s = _scheduler(budget=8)
     s.add_request(_req("a-long", tenant="A", n_prompt=20))  # chunked: 8 tokens a step
+    s.add_request(_req("a-short", tenant="A", n_prompt=30))
     _step(s)
     s.add_request(_req("b1", tenant="B", n_prompt=6, t=1.0))
     out = _step(s)
     assert _ids(out) == ["b1"]  # the chunk waits
     out = _step(s)
     assert _ids(out)[0] == "a-long"  # resumed at once
+
+
+def test_a_tenant_with_one_request_and_a_newcomer_are_equals():
+    s = _scheduler(budget=32)
+    s.add_request(_req("a-long", tenant="A", n_prompt=20))
+    _step(s)
+    s.add_request(_req("b1", tenant="B", n_prompt=6, t=1.0))
+    assert sorted(_ids(_step(s))) == ["a-long", "b1"]  # nobody held back
 
 
 def test_isolation_never_holds_a_tenant_back_two_steps_in_a_row():
@@ -283,3 +292,14 @@ def test_only_an_ordinary_step_after_an_ordinary_step_may_be_cut_short():
     s.update(out, {r.request_id: 7 for r, _ in out.scheduled}, EOS)
     s.schedule()
     assert s.step_interruptible
+
+
+def test_a_burst_whose_next_requests_only_queued_still_counts():
+    s = _scheduler(budget=64)
+    for rid in ("a1", "b1"):
+        s.add_request(_req(rid, tenant=rid[0].upper(), max_tokens=20))
+    _step(s)  # one each: equals
+    for i, rid in enumerate(("a2", "a3", "a4", "b2")):
+        s.add_request(_req(rid, tenant=rid[0].upper(), t=1.0 + i))
+    # A: one running, three queued (its earlier requests just ended); B: one running + b2.
+    assert sorted(_ids(_step(s))) == ["b1", "b2"]
