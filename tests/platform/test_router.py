@@ -78,3 +78,22 @@ async def test_router_excludes_tried_replicas(model_version):
     with pytest.raises(NoReplicaReady):
         await router.acquire(model_version.pk, "least_outstanding_tokens", REQUEST,
                              exclude=frozenset({r1.pk}))
+
+
+@pytestmark_db
+@pytest.mark.asyncio
+async def test_a_lone_replica_needs_no_serialised_decision(model_version):
+    """With one candidate there is nothing to choose: a request does not wait for another
+    request's decision (the per-version lock that keeps concurrent choices apart)."""
+    import asyncio
+
+    from asgiref.sync import sync_to_async
+
+    r1 = await sync_to_async(register_replica)(model_version, "127.0.0.1:9001")
+    router = current_container().router
+    lock = router._decisions.setdefault(model_version.pk, asyncio.Lock())
+    async with lock:  # another decision in progress, never finishing
+        lease = await asyncio.wait_for(
+            router.acquire(model_version.pk, "balanced", REQUEST), timeout=30)
+    assert lease.replica.replica_id == r1.pk
+    await lease.release()
