@@ -68,26 +68,37 @@ def run_ours(engine: LLMEngine, workload) -> dict:
     }
 
 
-def measure_full_batch(engine: LLMEngine, batch: int, context_len: int, steps: int, seed: int) -> dict:
-    """Decode throughput with the batch full: `batch` sequences of `context_len` tokens, all
-    decoding, timed over `steps` steps once every prefill is done."""
+def start_decoding(engine: LLMEngine, batch: int, context_len: int, seed: int,
+                   prefix: str) -> list[str]:
+    """Add `batch` random prompts of `context_len` tokens and step until every one is past its
+    prefill and decoding (those steps are not measured); returns the request ids."""
     rng = random.Random(seed)
     vocab = engine.model_config.vocab_size
-    for i in range(batch):
+    ids = [f"{prefix}{i}" for i in range(batch)]
+    for request_id in ids:
         prompt = [rng.randrange(100, vocab - 100) for _ in range(context_len)]
         # long enough that no sequence finishes while the others are still in prefill
-        engine.add_request(f"full{i}", prompt, SamplingParams(max_tokens=10_000, temperature=0.0, ignore_eos=True))
+        engine.add_request(request_id, prompt,
+                           SamplingParams(max_tokens=10_000, temperature=0.0, ignore_eos=True))
     sched = engine.core.scheduler
     while sched.waiting or any(r.num_computed_tokens < r.num_prompt_tokens for r in sched.running):
         engine.step()
     engine.step()
-    assert len(sched.running) == batch, "the full-batch phase needs max_num_seqs sequences resident"
+    return ids
+
+
+def measure_full_batch(engine: LLMEngine, batch: int, context_len: int, steps: int, seed: int) -> dict:
+    """Decode throughput with the batch full: `batch` sequences of `context_len` tokens, all
+    decoding, timed over `steps` steps once every prefill is done."""
+    ids = start_decoding(engine, batch, context_len, seed, "full")
+    assert len(engine.core.scheduler.running) == batch, \
+        "the full-batch phase needs max_num_seqs sequences resident"
     tokens, start = 0, time.perf_counter()
     for _ in range(steps):
         tokens += len(engine.step())
     elapsed = time.perf_counter() - start
-    for i in range(batch):
-        engine.abort_request(f"full{i}")
+    for request_id in ids:
+        engine.abort_request(request_id)
     return {"batch": batch, "context_len": context_len, "tokens_per_s": tokens / elapsed,
             "step_ms": 1000 * elapsed / steps}
 

@@ -25,6 +25,7 @@ import warnings
 
 import torch
 
+from benchmarks.engine import start_decoding
 from replica.engine.config import EngineConfig
 from replica.engine.dtype import dtype_name, resolve_dtype
 from replica.engine.llm_engine import LLMEngine, build_model
@@ -67,15 +68,7 @@ def make_engine(ckpt, dtype: str, quantization: str, max_num_seqs: int, prefix_c
 
 def decode_tokens_per_s(engine: LLMEngine, batch: int, context_len: int, steps: int, seed: int) -> dict:
     """All `batch` sequences decoding (prefills done first, not timed)."""
-    rng = random.Random(seed)
-    vocab = engine.model_config.vocab_size
-    for i in range(batch):
-        prompt = [rng.randrange(100, vocab - 100) for _ in range(context_len)]
-        engine.add_request(f"d{i}", prompt, SamplingParams(max_tokens=10_000, temperature=0.0, ignore_eos=True))
-    sched = engine.core.scheduler
-    while sched.waiting or any(r.num_computed_tokens < r.num_prompt_tokens for r in sched.running):
-        engine.step()
-    engine.step()
+    ids = start_decoding(engine, batch, context_len, seed, "d")
     best_step = float("inf")
     tokens, start = 0, time.perf_counter()
     for _ in range(steps):
@@ -83,8 +76,8 @@ def decode_tokens_per_s(engine: LLMEngine, batch: int, context_len: int, steps: 
         tokens += len(engine.step())
         best_step = min(best_step, time.perf_counter() - t0)
     elapsed = time.perf_counter() - start
-    for i in range(batch):
-        engine.abort_request(f"d{i}")
+    for request_id in ids:
+        engine.abort_request(request_id)
     return {"batch": batch, "context_len": context_len, "steps": steps, "tokens_per_s": tokens / elapsed,
             "step_ms": 1000 * elapsed / steps, "best_step_ms": 1000 * best_step}
 

@@ -107,7 +107,7 @@ class EngineCore:
             sampled = self.runner.execute(
                 out, self._seeds, interrupt if self.scheduler.step_interruptible else None)
         except StepInterrupted:
-            self.scheduler.interrupted(out)
+            self.scheduler.interrupted()
             return []
         self._prompt_tokens += prompt_tokens
         progressed = self.scheduler.update(out, sampled, self.eos_token_ids)

@@ -169,9 +169,9 @@ class Scheduler:
         running = self._running_tenants
         return any(n > mine and t in running for t, n in load.items())
 
-    def interrupted(self, output: SchedulerOutput) -> None:
-        """The step `output` was cut short before any of it counted: its requests keep their
-        blocks and computed counts and are scheduled again."""
+    def interrupted(self) -> None:
+        """The step just scheduled was cut short before any of it counted: its requests keep
+        their blocks and computed counts and are scheduled again."""
         self._interrupted_last_step = True
         self.num_interrupted_steps += 1
 
@@ -182,11 +182,11 @@ class Scheduler:
             return None
         tier = self.waiting[0].priority
         load = self._load_per_tenant(tier)
+        running = self._running_tenants
         for newcomer in self.waiting:  # fair-share order
             if newcomer.priority != tier:
                 break
             mine = load.get(newcomer.tenant, 0)  # the newcomer's tenant's, the newcomer too
-            running = self._running_tenants
             heavier = frozenset(t for t, n in load.items()
                                 if n > mine and t in running and t != newcomer.tenant)
             if heavier:

@@ -280,7 +280,7 @@ def test_only_an_ordinary_step_after_an_ordinary_step_may_be_cut_short():
     _step(s)
     out = s.schedule()
     assert s.step_interruptible
-    s.interrupted(out)  # nothing of it counted
+    s.interrupted()  # nothing of it counted
     assert s.num_interrupted_steps == 1
     assert all(r.num_computed_tokens == 6 and r.num_output_tokens == 1 for r, _ in out.scheduled)
     s.add_request(_req("b1", tenant="B", t=1.0))
