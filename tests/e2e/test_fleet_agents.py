@@ -52,7 +52,7 @@ def test_killed_agent_is_replaced_in_the_other_zone_without_losing_requests(
     threads = [threading.Thread(target=load.run, daemon=True) for _ in range(3)]
     try:
         control.until(lambda: Node.objects.filter(name__in=layout).count() == 3, 120,
-                      "three registered nodes", agents.values())
+                      "three registered nodes", agents.values(), tick=False)
         ready = lambda: Replica.objects.filter(model_version=version, state="ready")  # noqa: E731
         control.until(lambda: ready().count() == 2, 600, "two ready replicas", agents.values())
         assert sorted(ready().values_list("zone", flat=True)) == ["zone-a", "zone-b"]

@@ -68,7 +68,7 @@ def test_autoscaler_scales_up_under_load_and_back_down_when_idle(transactional_d
     live = lambda: replicas.filter(state__in=("loading", "ready"))  # noqa: E731
     try:
         control.until(lambda: Node.objects.filter(name__in=layout).count() == 2, 120,
-                      "two registered nodes", agents.values())
+                      "two registered nodes", agents.values(), tick=False)
 
         # Warm pool: no load and min 0, yet one ready replica is started and kept idle.
         control.until(lambda: ready().count() == 1, 300, "a warm replica", agents.values())

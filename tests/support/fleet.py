@@ -74,11 +74,15 @@ class Control:
         detect_lost_nodes(now, lost_after_s=self.lost_after_s, dispatcher=self.ctx.dispatcher)
         return autoscale_all(now, self.ctx)
 
-    def until(self, check, deadline_s: float, what: str, agents=(), period_s: float = 1.0):
-        """Tick until `check()` holds (a guard against hangs, not a performance threshold)."""
+    def until(self, check, deadline_s: float, what: str, agents=(), period_s: float = 1.0,
+              tick: bool = True):
+        """Tick until `check()` holds (a guard against hangs, not a performance threshold).
+        With tick=False it only waits: e.g. for every node to register before the autoscaler
+        may place anything (a tick while only some are up places on whichever came first)."""
         end = time.monotonic() + deadline_s
         while time.monotonic() < end:
-            self.tick()
+            if tick:
+                self.tick()
             if check():
                 return
             for agent in agents:
