@@ -4,21 +4,28 @@ One real SmolLM2 replica, two platform front ends on it (two daphne processes, e
 own Redis key prefix): `fair` (admission queue `fair_share` with headroom slots, the engine's
 per-tenant fair share, newcomer isolation and step interruption) and `unfair` (admission `fifo`
 without headroom, one fair-share unit for everybody in the engine, so nobody is ever a
-newcomer). Both tenants are in the same tier, so only fair share separates them. Each front
-end runs `--rounds` rounds of three phases of `--phase-s` seconds, open loop (requests are sent
-on a clock, not after replies), and pools each phase's samples over the rounds (interleaving
-keeps a slow minute of this noisy machine from landing on one phase only):
-  1. B alone: steady interactive traffic (`--b-rate` requests/s);
-  2. A alone: bursting at 10x B's rate (what the replica serves flat out: the capacity);
+newcomer). Both tenants are in the same tier, so only fair share separates them. Each tenant's
+client is a process of its own (they are different customers: B's time to first token must not
+include its client's event loop busy with A's burst).
+
+The load follows the machine: first the replica's capacity is measured (requests/s completed
+with twice the admission slots in flight, `--calibrate-s`); B then sends `--b-share` (0.3) of
+it, A ten times that (3x what the replica serves, ~6x its fair share). Each front end runs
+rounds of three phases, open loop (requests are sent on a clock, not after replies), the
+phase long enough for `--b-samples` (100) of B's requests over the rounds; each phase's samples
+are pooled over the rounds (interleaving keeps a slow minute of this noisy machine from
+landing on one phase only):
+  1. B alone: steady interactive traffic;
+  2. A alone: bursting (what the replica serves flat out: the capacity);
   3. both.
 Reports B's p99 TTFT in phase 3 / phase 1 (`victim_slowdown`, target <= 1.5), A's output
 tokens/s in phase 3 as a share of the capacity B left idle (`a_idle_share`: work
 conservation), and how many of each tenant's requests were refused (503) or failed.
 `a_overloads` says whether A alone asked for more than the replica served (A's requests
-refused or waiting); without that the burst measures nothing, so `--max-tokens` defaults to 32
-(A asks ~320 output tokens/s; the replica serves ~100 here). The replica runs with
-`--replica-threads` torch threads, 1 by default as the node agent launches replicas
-(NODE_REPLICA_THREADS): on 2 cores the other core serves daphne and the load generator.
+refused or waiting); without that the burst measures nothing. Fairness off runs
+`--baseline-rounds` (2) rounds: its slowdown is tens of times, fewer samples show it. The
+replica runs with `--replica-threads` torch threads, 1 by default as the node agent launches
+replicas (NODE_REPLICA_THREADS): on 2 cores the other core serves daphne and the clients.
 """
 from __future__ import annotations
 
@@ -27,6 +34,7 @@ import asyncio
 import gc
 import json
 import math
+import multiprocessing
 import os
 import signal
 import subprocess
@@ -100,29 +108,103 @@ async def one_request(http: httpx.AsyncClient, base_url: str, tenant: str, key: 
     return Sample(tenant, 200, ttft or 0.0, tokens)
 
 
-async def phase(http, base_url: str, keys: dict, rates: dict[str, float], seconds: float,
-                max_tokens: int) -> tuple[list[Sample], float]:
-    """Open loop: each tenant sends at its rate for `seconds`; waits for every reply. A sends
-    on the tick; B's requests fall midway between two of A's sends (at 0.55 of its own period,
-    A's period being a tenth of it). Both on the tick, B's first request would arrive in the
-    same millisecond as the first of A's burst every round (and every B request with one of
-    A's): random arrivals rarely meet like that, and two requests arriving at the same instant
-    are served as equals, one behind the other."""
+async def send_phase(http, base_url: str, tenant: str, key: str, rate: float, seconds: float,
+                     max_tokens: int, start: float) -> list[Sample]:
+    """Open loop: sends at `rate` for `seconds` from `start` (perf_counter), then waits for every
+    reply. A sends on the tick; B's requests fall midway between two of A's sends (at 0.55 of
+    its own period, A's period being a tenth of it). Both on the tick, B's first request would
+    arrive in the same millisecond as the first of A's burst every round (and every B request
+    with one of A's): random arrivals rarely meet like that, and two requests arriving at the
+    same instant are served as equals, one behind the other."""
     tasks: list[asyncio.Task] = []
+    offset = 0.55 / rate if tenant == "B" else 0.0
+    for i in range(int(seconds * rate)):
+        delay = start + offset + i / rate - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        tasks.append(asyncio.create_task(one_request(http, base_url, tenant, key, i, max_tokens)))
+    return list(await asyncio.gather(*tasks))
+
+
+async def closed_loop(http, base_url: str, tenant: str, key: str, seconds: float,
+                      concurrency: int, max_tokens: int) -> tuple[list[Sample], float]:
+    """`concurrency` requests in flight back to back for `seconds`: what the replica serves
+    flat out. Returns the samples and the wall time until the last reply."""
     start = time.perf_counter()
+    samples: list[Sample] = []
 
-    async def sender(tenant: str, rate: float):
-        offset = 0.55 / rate if tenant == "B" else 0.0
-        for i in range(int(seconds * rate)):
-            delay = start + offset + i / rate - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            tasks.append(asyncio.create_task(
-                one_request(http, base_url, tenant, keys[tenant], i, max_tokens)))
+    async def worker(w: int) -> None:
+        i = w
+        while time.perf_counter() - start < seconds:
+            samples.append(await one_request(http, base_url, tenant, key, i, max_tokens))
+            i += concurrency
 
-    await asyncio.gather(*(sender(t, r) for t, r in rates.items() if r > 0))
-    samples = list(await asyncio.gather(*tasks))
+    await asyncio.gather(*(worker(w) for w in range(concurrency)))
     return samples, time.perf_counter() - start
+
+
+async def _client_loop(conn, base_url: str, tenant: str, key: str, max_tokens: int) -> None:
+    loop = asyncio.get_running_loop()
+    limits = httpx.Limits(max_connections=512, max_keepalive_connections=64)
+    async with httpx.AsyncClient(timeout=600, limits=limits) as http:
+        while (order := await loop.run_in_executor(None, conn.recv)) is not None:
+            if order[0] == "closed":
+                conn.send(await closed_loop(http, base_url, tenant, key, *order[1:], max_tokens))
+                continue
+            start_wall, rate, seconds = order
+            start = time.perf_counter() + (start_wall - time.time())
+            conn.send(await send_phase(http, base_url, tenant, key, rate, seconds, max_tokens,
+                                       start))
+
+
+def client_process(conn, base_url: str, tenant: str, key: str, max_tokens: int) -> None:
+    """One tenant's client, a process of its own: A and B are different customers, and B's
+    time to first token must not include its own client's event loop parsing A's burst."""
+    gc.collect()
+    gc.freeze()  # the client's own full collections must not show up as TTFT
+    asyncio.run(_client_loop(conn, base_url, tenant, key, max_tokens))
+
+
+class Clients:
+    """A client process per tenant; `phase` runs one open-loop phase on all of them at once."""
+
+    def __init__(self, base_url: str, keys: dict[str, str], max_tokens: int):
+        ctx = multiprocessing.get_context("spawn")
+        self.conns, self.procs = {}, []
+        for tenant, key in keys.items():
+            mine, theirs = ctx.Pipe()
+            proc = ctx.Process(target=client_process, args=(theirs, base_url, tenant, key, max_tokens),
+                               daemon=True, name=f"client-{tenant}")
+            proc.start()
+            self.conns[tenant], self.procs = mine, self.procs + [proc]
+
+    def phase(self, rates: dict[str, float], seconds: float) -> tuple[list[Sample], float]:
+        start_wall = time.time() + 0.2  # both clients start on the same clock
+        busy = [t for t, r in rates.items() if r > 0]
+        for tenant in busy:
+            self.conns[tenant].send((start_wall, rates[tenant], seconds))
+        samples = [s for tenant in busy for s in self.conns[tenant].recv()]
+        return samples, time.time() - start_wall
+
+    def capacity_rps(self, tenant: str, seconds: float, concurrency: int) -> float:
+        """Requests/s the replica completes with `concurrency` of `tenant`'s requests in flight."""
+        self.conns[tenant].send(("closed", seconds, concurrency))
+        samples, wall = self.conns[tenant].recv()
+        ok = [x for x in samples if x.status == 200]
+        if not ok:
+            raise RuntimeError(f"calibration: none of {len(samples)} requests succeeded "
+                               f"({sorted({x.error_code or x.status for x in samples})}); "
+                               "see the daphne and replica logs above")
+        return len(ok) / wall
+
+    def close(self) -> None:
+        for conn in self.conns.values():
+            try:
+                conn.send(None)
+            except OSError:  # that client died (its error is already printed)
+                pass
+        for proc in self.procs:
+            proc.join(30)
 
 
 def summarize(samples: list[Sample], wall: float) -> dict:
@@ -143,26 +225,26 @@ def summarize(samples: list[Sample], wall: float) -> dict:
     return out
 
 
-async def measure(base_url: str, keys: dict, args, label: str) -> dict:
-    gc.collect()
-    gc.freeze()  # the load generator's own full collections must not show up as TTFT
-    limits = httpx.Limits(max_connections=512, max_keepalive_connections=64)
+def measure(base_url: str, keys: dict, args, label: str, rounds: int) -> dict:
     b, a = args.b_rate, 10 * args.b_rate
     plan = (("b_alone", {"B": b}), ("a_alone", {"A": a}), ("both", {"A": a, "B": b}))
     samples: dict[str, list[Sample]] = {name: [] for name, _ in plan}
     walls = dict.fromkeys(samples, 0.0)
-    async with httpx.AsyncClient(timeout=600, limits=limits) as http:
-        await phase(http, base_url, keys, {"B": 1.0}, 2, args.max_tokens)  # warm-up
-        for round_no in range(1, args.rounds + 1):
+    clients = Clients(base_url, keys, args.max_tokens)
+    try:
+        clients.phase({"A": 1.0, "B": 1.0}, 2)  # warm-up
+        for round_no in range(1, rounds + 1):
             for name, rates in plan:
-                got, wall = await phase(http, base_url, keys, rates, args.phase_s, args.max_tokens)
+                got, wall = clients.phase(rates, args.phase_s)
                 samples[name] += got
                 walls[name] += wall
                 mine = summarize(got, wall)
                 shown = ", ".join(f"{t} p50 {v['ttft_p50_ms']} ms p99 {v['ttft_p99_ms']} ms "
                                   f"refused {v['refused_503']}" for t, v in mine.items())
-                print(f"[{label}] round {round_no}/{args.rounds} {name}: {shown}", file=sys.stderr,
+                print(f"[{label}] round {round_no}/{rounds} {name}: {shown}", file=sys.stderr,
                       flush=True)
+    finally:
+        clients.close()
     b_alone = summarize(samples["b_alone"], walls["b_alone"])
     a_alone = summarize(samples["a_alone"], walls["a_alone"])
     both = summarize(samples["both"], walls["both"])
@@ -177,6 +259,46 @@ async def measure(base_url: str, keys: dict, args, label: str) -> dict:
         "a_overloads": a_alone["A"]["refused_503"] > 0,
         "b_alone": b_alone["B"], "a_alone": a_alone["A"], "both": both,
     }
+
+
+def machine_dtype() -> str:
+    """What the replica's `auto` dtype resolves to here (bf16 only where it measures faster)."""
+    from replica.engine.dtype import dtype_name, resolve_dtype
+
+    return dtype_name(resolve_dtype("auto", "cpu"))
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as fh:
+            return next((line.split(":", 1)[1].strip() for line in fh
+                         if line.startswith("model name")), "?")
+    except OSError:
+        return "?"
+
+
+def calibrate(base_url: str, keys: dict, args) -> None:
+    """Sets `args.b_rate` (B at `--b-share` of what the replica serves, A at 10x that) and
+    `args.phase_s` (`--b-samples` of B's requests per phase over the rounds) from a measured
+    capacity, unless given: the same load shape on a fast machine and a slow one."""
+    if args.b_rate is None:
+        clients = Clients(base_url, {"A": keys["A"]}, args.max_tokens)
+        try:
+            # Twice the slots in flight: a request always waits for each freed slot, as under a
+            # burst (with just the slots, each reply's round trip would leave the engine idle).
+            clients.capacity_rps("A", 5, 2 * args.slots)  # warm-up
+            capacity = clients.capacity_rps("A", args.calibrate_s, 2 * args.slots)
+        finally:
+            clients.close()
+        args.capacity_rps = round(capacity, 3)
+        args.b_rate = round(args.b_share * capacity, 3)
+        print(f"capacity {capacity:.2f} requests/s of {args.max_tokens} tokens: B sends "
+              f"{args.b_rate}/s, A {10 * args.b_rate:.2f}/s", file=sys.stderr, flush=True)
+    if args.phase_s is None:
+        # Half a period over, so that the phase holds ceil(b_samples / rounds) of B's sends.
+        args.phase_s = round((math.ceil(args.b_samples / args.rounds) + 0.5) / args.b_rate, 2)
+    print(f"{args.rounds} rounds of 3 phases of {args.phase_s} s (fairness off: "
+          f"{args.baseline_rounds} rounds)", file=sys.stderr, flush=True)
 
 
 def run(args) -> dict:
@@ -194,7 +316,8 @@ def run(args) -> dict:
                                  capture_output=True, text=True).stdout
         raw = json.loads(created.strip().splitlines()[-1])
         keys = {short: raw[name] for short, name in names.items()}
-        fair = asyncio.run(measure(fleet.base_url, keys, args, "fair"))
+        calibrate(fleet.base_url, keys, args)
+        fair = measure(fleet.base_url, keys, args, "fair", args.rounds)
         # One front end at a time: the first one's PostgreSQL connections must not starve the
         # second (under load each in-flight request holds one, and PostgreSQL allows ~100).
         daphne = fleet.procs.pop()
@@ -209,7 +332,8 @@ def run(args) -> dict:
         fleet.procs.append(unfair)
         _wait(f"http://127.0.0.1:{port}/readyz", unfair, 60)
         result = {"fair": fair,
-                  "unfair": asyncio.run(measure(f"http://127.0.0.1:{port}", keys, args, "unfair"))}
+                  "unfair": measure(f"http://127.0.0.1:{port}", keys, args, "unfair",
+                                    args.baseline_rounds)}
     finally:
         fleet.stop()
     return {
@@ -221,9 +345,12 @@ def run(args) -> dict:
         "a_idle_share_fairness_off": result["unfair"]["a_idle_share"],
         "a_overloads": result["fair"]["a_overloads"] and result["unfair"]["a_overloads"],
         "targets": {"victim_slowdown": "<= 1.5"},
-        "settings": {"b_rate_per_s": args.b_rate, "a_rate_per_s": 10 * args.b_rate,
+        "settings": {"capacity_requests_per_s": args.capacity_rps,
+                     "b_rate_per_s": args.b_rate, "a_rate_per_s": round(10 * args.b_rate, 3),
                      "phase_s": args.phase_s, "rounds": args.rounds,
+                     "baseline_rounds": args.baseline_rounds,
                      "b_samples_per_phase": int(args.phase_s * args.b_rate) * args.rounds,
+                     "replica_dtype": machine_dtype(), "cpu": cpu_model(),
                      "max_tokens": args.max_tokens, "replica_threads": args.replica_threads,
                      "slots_per_replica": args.slots, "headroom_slots": args.headroom,
                      "cpu_count": os.cpu_count()},
@@ -234,18 +361,30 @@ def run(args) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=None)
-    parser.add_argument("--b-rate", type=float, default=1.0, help="B's requests/s")
-    parser.add_argument("--phase-s", type=float, default=20.0)
+    parser.add_argument("--b-rate", type=float, default=None,
+                        help="B's requests/s (default: --b-share of the measured capacity)")
+    parser.add_argument("--b-share", type=float, default=0.3,
+                        help="B's rate as a share of the requests/s the replica serves")
+    parser.add_argument("--calibrate-s", type=float, default=20.0,
+                        help="how long the capacity is measured (closed loop, 2 x --slots in flight)")
+    parser.add_argument("--phase-s", type=float, default=None,
+                        help="seconds per phase (default: --b-samples of B's over the rounds)")
+    parser.add_argument("--b-samples", type=int, default=100,
+                        help="B's requests per phase over all rounds (p99 = the second slowest "
+                             "of 100)")
     parser.add_argument("--rounds", type=int, default=5,
                         help="rounds of the three phases (samples pooled per phase)")
+    parser.add_argument("--baseline-rounds", type=int, default=2,
+                        help="rounds with fairness off (its slowdown is ~50-100x: fewer do)")
     parser.add_argument("--replica-threads", type=int, default=1,
                         help="torch threads of the replica (the node agent's default is 1)")
-    parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--slots", type=int, default=4, help="admission slots per replica")
     parser.add_argument("--headroom", type=int, default=2,
                         help="extra slots per replica for tenants under their fair share of "
                              "the slots")
     args = parser.parse_args()
+    args.capacity_rps = None  # measured unless --b-rate is given
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "llm_platform.settings")
     result = run(args)
     for key in ("victim_slowdown", "victim_slowdown_fairness_off", "victim_p50_slowdown",
