@@ -9,8 +9,11 @@ client is a process of its own (they are different customers: B's time to first 
 include its client's event loop busy with A's burst).
 
 The load follows the machine: first the replica's capacity is measured (requests/s completed
-with twice the admission slots in flight, `--calibrate-s`); B then sends `--b-share` (0.3) of
-it, A ten times that (3x what the replica serves, ~6x its fair share). Each front end runs
+with twice the admission slots in flight, `--calibrate-s`); B then sends `--b-share` (0.2) of
+it, steady traffic within its fair share (half), and A `--a-multiple` (10) times its fair share
+(5x what the replica serves). B's share leaves room for its requests taking longer while A
+fills the batch: above its fair share of the admission slots a request waits for one of A's to
+end, as it should (seconds, not a scheduling delay). Each front end runs
 rounds of three phases, open loop (requests are sent on a clock, not after replies), the
 phase long enough for `--b-samples` (100) of B's requests over the rounds; each phase's samples
 are pooled over the rounds (interleaving keeps a slow minute of this noisy machine from
@@ -226,7 +229,7 @@ def summarize(samples: list[Sample], wall: float) -> dict:
 
 
 def measure(base_url: str, keys: dict, args, label: str, rounds: int) -> dict:
-    b, a = args.b_rate, 10 * args.b_rate
+    b, a = args.b_rate, args.a_rate
     plan = (("b_alone", {"B": b}), ("a_alone", {"A": a}), ("both", {"A": a, "B": b}))
     samples: dict[str, list[Sample]] = {name: [] for name, _ in plan}
     walls = dict.fromkeys(samples, 0.0)
@@ -278,10 +281,11 @@ def cpu_model() -> str:
 
 
 def calibrate(base_url: str, keys: dict, args) -> None:
-    """Sets `args.b_rate` (B at `--b-share` of what the replica serves, A at 10x that) and
-    `args.phase_s` (`--b-samples` of B's requests per phase over the rounds) from a measured
-    capacity, unless given: the same load shape on a fast machine and a slow one."""
-    if args.b_rate is None:
+    """Sets `args.b_rate` (B at `--b-share` of what the replica serves), `args.a_rate` (A at
+    `--a-multiple` times its fair share, half of it) and `args.phase_s` (`--b-samples` of B's
+    requests per phase over the rounds) from a measured capacity, unless given: the same load
+    shape on a fast machine and a slow one."""
+    if args.b_rate is None or args.a_rate is None:
         clients = Clients(base_url, {"A": keys["A"]}, args.max_tokens)
         try:
             # Twice the slots in flight: a request always waits for each freed slot, as under a
@@ -291,14 +295,18 @@ def calibrate(base_url: str, keys: dict, args) -> None:
         finally:
             clients.close()
         args.capacity_rps = round(capacity, 3)
-        args.b_rate = round(args.b_share * capacity, 3)
-        print(f"capacity {capacity:.2f} requests/s of {args.max_tokens} tokens: B sends "
-              f"{args.b_rate}/s, A {10 * args.b_rate:.2f}/s", file=sys.stderr, flush=True)
+        if args.b_rate is None:
+            args.b_rate = round(args.b_share * capacity, 3)
+        if args.a_rate is None:
+            args.a_rate = round(args.a_multiple * capacity / 2, 3)
+        print(f"capacity {capacity:.2f} requests/s of {args.max_tokens} tokens", file=sys.stderr,
+              flush=True)
     if args.phase_s is None:
         # Half a period over, so that the phase holds ceil(b_samples / rounds) of B's sends.
         args.phase_s = round((math.ceil(args.b_samples / args.rounds) + 0.5) / args.b_rate, 2)
-    print(f"{args.rounds} rounds of 3 phases of {args.phase_s} s (fairness off: "
-          f"{args.baseline_rounds} rounds)", file=sys.stderr, flush=True)
+    print(f"B sends {args.b_rate}/s, A {args.a_rate}/s; {args.rounds} rounds of 3 phases of "
+          f"{args.phase_s} s (fairness off: {args.baseline_rounds} rounds)", file=sys.stderr,
+          flush=True)
 
 
 def run(args) -> dict:
@@ -346,7 +354,7 @@ def run(args) -> dict:
         "a_overloads": result["fair"]["a_overloads"] and result["unfair"]["a_overloads"],
         "targets": {"victim_slowdown": "<= 1.5"},
         "settings": {"capacity_requests_per_s": args.capacity_rps,
-                     "b_rate_per_s": args.b_rate, "a_rate_per_s": round(10 * args.b_rate, 3),
+                     "b_rate_per_s": args.b_rate, "a_rate_per_s": args.a_rate,
                      "phase_s": args.phase_s, "rounds": args.rounds,
                      "baseline_rounds": args.baseline_rounds,
                      "b_samples_per_phase": int(args.phase_s * args.b_rate) * args.rounds,
@@ -363,8 +371,12 @@ def main() -> None:
     parser.add_argument("--out", default=None)
     parser.add_argument("--b-rate", type=float, default=None,
                         help="B's requests/s (default: --b-share of the measured capacity)")
-    parser.add_argument("--b-share", type=float, default=0.3,
+    parser.add_argument("--b-share", type=float, default=0.2,
                         help="B's rate as a share of the requests/s the replica serves")
+    parser.add_argument("--a-rate", type=float, default=None,
+                        help="A's requests/s (default: --a-multiple of its fair share)")
+    parser.add_argument("--a-multiple", type=float, default=10.0,
+                        help="A's rate over its fair share (half the measured capacity)")
     parser.add_argument("--calibrate-s", type=float, default=20.0,
                         help="how long the capacity is measured (closed loop, 2 x --slots in flight)")
     parser.add_argument("--phase-s", type=float, default=None,
