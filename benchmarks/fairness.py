@@ -387,7 +387,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5,
                         help="rounds of the three phases (samples pooled per phase)")
     parser.add_argument("--baseline-rounds", type=int, default=2,
-                        help="rounds with fairness off (its slowdown is ~50-100x: fewer do)")
+                        help="rounds with fairness off (its slowdown is tens of times: fewer do)")
     parser.add_argument("--replica-threads", type=int, default=1,
                         help="torch threads of the replica (the node agent's default is 1)")
     parser.add_argument("--max-tokens", type=int, default=16)
