@@ -114,8 +114,9 @@ async def one_request(http: httpx.AsyncClient, base_url: str, tenant: str, key: 
 async def send_phase(http, base_url: str, tenant: str, key: str, rate: float, seconds: float,
                      max_tokens: int, start: float) -> list[Sample]:
     """Open loop: sends at `rate` for `seconds` from `start` (perf_counter), then waits for every
-    reply. A sends on the tick; B's requests fall midway between two of A's sends (at 0.55 of
-    its own period, A's period being a tenth of it). Both on the tick, B's first request would
+    reply. A sends on the tick; B sends at 0.55 of its own period after it, off A's ticks (A
+    sending 25x B's rate by default, three quarters of the way between two of A's sends). Both
+    on the tick, B's first request would
     arrive in the same millisecond as the first of A's burst every round (and every B request
     with one of A's): random arrivals rarely meet like that, and two requests arriving at the
     same instant are served as equals, one behind the other."""
@@ -173,13 +174,15 @@ class Clients:
 
     def __init__(self, base_url: str, keys: dict[str, str], max_tokens: int):
         ctx = multiprocessing.get_context("spawn")
-        self.conns, self.procs = {}, []
+        self.conns: dict = {}
+        self.procs: list = []
         for tenant, key in keys.items():
             mine, theirs = ctx.Pipe()
             proc = ctx.Process(target=client_process, args=(theirs, base_url, tenant, key, max_tokens),
                                daemon=True, name=f"client-{tenant}")
             proc.start()
-            self.conns[tenant], self.procs = mine, self.procs + [proc]
+            self.conns[tenant] = mine
+            self.procs.append(proc)
 
     def phase(self, rates: dict[str, float], seconds: float) -> tuple[list[Sample], float]:
         start_wall = time.time() + 0.2  # both clients start on the same clock
@@ -280,11 +283,13 @@ def cpu_model() -> str:
         return "?"
 
 
-def calibrate(base_url: str, keys: dict, args) -> None:
+def calibrate(base_url: str, keys: dict, args) -> float | None:
     """Sets `args.b_rate` (B at `--b-share` of what the replica serves), `args.a_rate` (A at
     `--a-multiple` times its fair share, half of it) and `args.phase_s` (`--b-samples` of B's
     requests per phase over the rounds) from a measured capacity, unless given: the same load
-    shape on a fast machine and a slow one."""
+    shape on a fast machine and a slow one. Returns the capacity (requests/s), None when both
+    rates were given."""
+    capacity = None
     if args.b_rate is None or args.a_rate is None:
         clients = Clients(base_url, {"A": keys["A"]}, args.max_tokens)
         try:
@@ -294,7 +299,6 @@ def calibrate(base_url: str, keys: dict, args) -> None:
             capacity = clients.capacity_rps("A", args.calibrate_s, 2 * args.slots)
         finally:
             clients.close()
-        args.capacity_rps = round(capacity, 3)
         if args.b_rate is None:
             args.b_rate = round(args.b_share * capacity, 3)
         if args.a_rate is None:
@@ -307,6 +311,7 @@ def calibrate(base_url: str, keys: dict, args) -> None:
     print(f"B sends {args.b_rate}/s, A {args.a_rate}/s; {args.rounds} rounds of 3 phases of "
           f"{args.phase_s} s (fairness off: {args.baseline_rounds} rounds)", file=sys.stderr,
           flush=True)
+    return None if capacity is None else round(capacity, 3)
 
 
 def run(args) -> dict:
@@ -324,7 +329,7 @@ def run(args) -> dict:
                                  capture_output=True, text=True).stdout
         raw = json.loads(created.strip().splitlines()[-1])
         keys = {short: raw[name] for short, name in names.items()}
-        calibrate(fleet.base_url, keys, args)
+        capacity_rps = calibrate(fleet.base_url, keys, args)
         fair = measure(fleet.base_url, keys, args, "fair", args.rounds)
         # One front end at a time: the first one's PostgreSQL connections must not starve the
         # second (under load each in-flight request holds one, and PostgreSQL allows ~100).
@@ -353,7 +358,7 @@ def run(args) -> dict:
         "a_idle_share_fairness_off": result["unfair"]["a_idle_share"],
         "a_overloads": result["fair"]["a_overloads"] and result["unfair"]["a_overloads"],
         "targets": {"victim_slowdown": "<= 1.5"},
-        "settings": {"capacity_requests_per_s": args.capacity_rps,
+        "settings": {"capacity_requests_per_s": capacity_rps,
                      "b_rate_per_s": args.b_rate, "a_rate_per_s": args.a_rate,
                      "phase_s": args.phase_s, "rounds": args.rounds,
                      "baseline_rounds": args.baseline_rounds,
@@ -396,7 +401,6 @@ def main() -> None:
                         help="extra slots per replica for tenants under their fair share of "
                              "the slots")
     args = parser.parse_args()
-    args.capacity_rps = None  # measured unless --b-rate is given
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "llm_platform.settings")
     result = run(args)
     for key in ("victim_slowdown", "victim_slowdown_fairness_off", "victim_p50_slowdown",
