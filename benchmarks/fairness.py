@@ -116,10 +116,10 @@ async def send_phase(http, base_url: str, tenant: str, key: str, rate: float, se
     """Open loop: sends at `rate` for `seconds` from `start` (perf_counter), then waits for every
     reply. A sends on the tick; B sends at 0.55 of its own period after it, off A's ticks (A
     sending 25x B's rate by default, three quarters of the way between two of A's sends). Both
-    on the tick, B's first request would
-    arrive in the same millisecond as the first of A's burst every round (and every B request
-    with one of A's): random arrivals rarely meet like that, and two requests arriving at the
-    same instant are served as equals, one behind the other."""
+    on the tick, B's first request would arrive in the same millisecond as the first of A's
+    burst every round (and every B request with one of A's): random arrivals rarely meet like
+    that, and two requests arriving at the same instant are served as equals, one behind the
+    other."""
     tasks: list[asyncio.Task] = []
     offset = 0.55 / rate if tenant == "B" else 0.0
     for i in range(int(seconds * rate)):
@@ -267,11 +267,13 @@ def measure(base_url: str, keys: dict, args, label: str, rounds: int) -> dict:
     }
 
 
-def machine_dtype() -> str:
-    """What the replica's `auto` dtype resolves to here (bf16 only where it measures faster)."""
-    from replica.engine.dtype import dtype_name, resolve_dtype
+def replica_dtype(metrics_address: str) -> str:
+    """The compute dtype the replica's `auto` resolved to (bf16 only where it measured faster),
+    as the replica reports it."""
+    from inference.replica_signals import parse_info
 
-    return dtype_name(resolve_dtype("auto", "cpu"))
+    text = httpx.get(f"http://{metrics_address}/metrics", timeout=10).text
+    return parse_info(text).get("dtype", "?")
 
 
 def cpu_model() -> str:
@@ -329,6 +331,7 @@ def run(args) -> dict:
                                  capture_output=True, text=True).stdout
         raw = json.loads(created.strip().splitlines()[-1])
         keys = {short: raw[name] for short, name in names.items()}
+        dtype = replica_dtype(fleet.metrics_address)
         capacity_rps = calibrate(fleet.base_url, keys, args)
         fair = measure(fleet.base_url, keys, args, "fair", args.rounds)
         # One front end at a time: the first one's PostgreSQL connections must not starve the
@@ -363,7 +366,7 @@ def run(args) -> dict:
                      "phase_s": args.phase_s, "rounds": args.rounds,
                      "baseline_rounds": args.baseline_rounds,
                      "b_samples_per_phase": int(args.phase_s * args.b_rate) * args.rounds,
-                     "replica_dtype": machine_dtype(), "cpu": cpu_model(),
+                     "replica_dtype": dtype, "cpu": cpu_model(),
                      "max_tokens": args.max_tokens, "replica_threads": args.replica_threads,
                      "slots_per_replica": args.slots, "headroom_slots": args.headroom,
                      "cpu_count": os.cpu_count()},

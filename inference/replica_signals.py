@@ -64,6 +64,17 @@ def parse_metrics(text: str) -> ReplicaSignals:
     return ReplicaSignals(**{k: int(v) for k, v in values.items()})
 
 
+_INFO = re.compile(r"^replica_engine_info\{([^}]*)\}", re.M)
+_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+
+def parse_info(text: str) -> dict[str, str]:
+    """What the replica's engine runs, from its `replica_engine_info` labels (model, version,
+    dtype, quantization); empty when the replica does not report it."""
+    found = _INFO.search(text)
+    return dict(_LABEL.findall(found.group(1))) if found else {}
+
+
 class SignalStore:
     def __init__(self, redis, key_prefix: str, ttl_s: float):
         self._redis = redis

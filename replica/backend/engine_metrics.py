@@ -10,6 +10,8 @@ these instead. Names (labels: model, version):
   replica_generated_tokens_total                        counter
   replica_preemptions_total                             counter
   replica_interrupted_steps_total                       counter
+  replica_engine_info                                   gauge, always 1; labels also dtype and
+                                                        quantization: what the engine runs
 
 Invariants: every MetricFamily stays referenced for the model's lifetime (a collected family breaks
 its metrics); `close()` deletes the metrics before their families (else the stub may crash on exit).
@@ -34,11 +36,17 @@ COUNTERS = {
                                         "Steps cut short for a lighter tenant's newcomer"),
 }
 
+INFO = "replica_engine_info"
+
 
 class EngineMetrics:
-    def __init__(self, pb_utils: Any, labels: dict[str, str]) -> None:
+    def __init__(self, pb_utils: Any, labels: dict[str, str], info: dict[str, str]) -> None:
         family = pb_utils.MetricFamily
         self._families: dict[str, Any] = {}
+        self._families[INFO] = family(name=INFO, description="What the engine runs (labels); always 1",
+                                      kind=family.GAUGE)
+        self._info = self._families[INFO].Metric(labels={**labels, **info})
+        self._info.set(1.0)
         self._gauges: dict[str, Any] = {}  # stats attribute -> metric
         self._counters: dict[str, Any] = {}
         self._last_counts: dict[str, int] = {}
@@ -61,6 +69,7 @@ class EngineMetrics:
                 self._last_counts[attr] = value
 
     def close(self) -> None:
+        self._info = None
         self._gauges.clear()
         self._counters.clear()
         self._families.clear()

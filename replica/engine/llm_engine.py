@@ -31,6 +31,7 @@ class LLMEngine:
         self.tokenizer = tokenizer
         device = torch.device(config.device)
         dtype = next(model.parameters()).dtype
+        self.dtype = dtype  # the compute dtype (`auto` resolved): KV cache and activations
         num_blocks = config.kv_cache_bytes // kv_bytes_per_block(model_config, config.block_size, dtype)
         if num_blocks < 2:
             raise ValueError(

@@ -1,6 +1,5 @@
 """django-ratelimit: the per-key request rate on the API and login attempts on the console."""
 import json
-import time
 
 import pytest
 from django.test import Client
@@ -22,21 +21,26 @@ async def test_per_key_request_rate(client, auth, ready_replica, settings):
     assert int(response["Retry-After"]) >= 1
 
 
-def _wait_for_a_fresh_window(ip: str, rate: str, margin_s: float = 15.0) -> None:
+def _address_early_in_a_window(rate: str, margin_s: float = 15.0) -> str:
     """django-ratelimit counts in fixed windows (per key, offset by a hash of it): 11 posts that
-    straddle a window's end are counted in two windows and the 11th passes. Start early in one."""
-    from django_ratelimit.core import _get_window, _split_rate
+    straddle a window's end are counted in two windows and the 11th passes. So the test posts
+    from a client address whose window has at least `margin_s` left and no attempts yet."""
+    from django.contrib import admin
+    from django.test import RequestFactory
+    from django_ratelimit.core import get_usage
 
-    _, period = _split_rate(rate)
-    left = _get_window(ip, period) - time.time()
-    if period > 2 * margin_s and left < margin_s:
-        time.sleep(left + 1)
+    for last in range(1, 255):
+        ip = f"10.9.8.{last}"
+        request = RequestFactory().post("/admin/login/", REMOTE_ADDR=ip)
+        usage = get_usage(request, fn=admin.site.login, key="ip", rate=rate, method="POST")
+        if usage["count"] == 0 and usage["time_left"] >= margin_s:
+            return ip
+    raise AssertionError(f"no address in 10.9.8.0/24 starts a fresh {rate} window")
 
 
 @pytest.mark.django_db
 def test_console_login_attempts_are_limited(settings):
-    _wait_for_a_fresh_window("10.9.8.7", settings.LOGIN_RATELIMIT)
-    console = Client(REMOTE_ADDR="10.9.8.7")
+    console = Client(REMOTE_ADDR=_address_early_in_a_window(settings.LOGIN_RATELIMIT))
     statuses = [console.post("/admin/login/", {"username": "x", "password": "y"}).status_code
                 for _ in range(11)]
     assert statuses[:10] == [200] * 10  # the form again, with an error

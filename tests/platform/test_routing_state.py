@@ -10,7 +10,7 @@ from inference.circuit import CLOSED, HALF_OPEN, OPEN, CircuitBreaker
 from inference.container import current_container
 from inference.policies import BLOCK_SIZE
 from inference.prefix_index import PrefixIndex, prompt_block_hashes
-from inference.replica_signals import ReplicaSignals, SignalPoller, SignalStore, parse_metrics
+from inference.replica_signals import ReplicaSignals, SignalPoller, SignalStore, parse_info, parse_metrics
 from inference.router import RouteRequest
 from models_registry.models import Model
 from models_registry.selectors import ReplicaInfo
@@ -115,6 +115,16 @@ nv_inference_count{model="chat-small",version="1"} 9
     assert parse_metrics(text) == ReplicaSignals(
         running_seqs=2, waiting_seqs=3, kv_free_blocks=120, kv_total_blocks=200,
         prefix_hit_tokens=4096)
+
+
+def test_parse_info_reads_what_the_engine_runs():
+    text = """# TYPE replica_engine_info gauge
+replica_engine_info{dtype="float32",model="chat-small",quantization="int8",version="2"} 1
+replica_running_seqs{model="chat-small",version="2"} 0
+"""
+    assert parse_info(text) == {"dtype": "float32", "model": "chat-small", "quantization": "int8",
+                                "version": "2"}
+    assert parse_info('replica_running_seqs{model="m",version="1"} 0\n') == {}
 
 
 @pytest.mark.asyncio

@@ -264,6 +264,18 @@ def test_non_streaming_http_generate_returns_the_whole_text_with_the_prompt(repl
     assert bare["text_output"] and whole["text_output"] == PROMPTS[6] + bare["text_output"]
 
 
+def test_metrics_port_says_what_the_engine_runs(replica):
+    """The compute dtype `auto` resolved to and the quantization, as the platform reads them."""
+    from inference.replica_signals import parse_info
+
+    text = urllib.request.urlopen(replica.metrics_url, timeout=5).read().decode()
+    info = parse_info(text)
+    assert (info.get("dtype"), info.get("quantization")) == ("float32", "none"), text
+    ready = next(line for line in replica.lines if line.startswith("replica ready:"))
+    server_log = Path(re.search(r"\(log: (\S+)\)", ready).group(1)).read_text()
+    assert "loaded: compute dtype float32 (asked float32), quantization none" in server_log
+
+
 def test_missing_weights_fails_at_launch_with_a_clear_message(tmp_path):
     grpc_port, http_port, metrics_port = free_ports(3)
     missing = tmp_path / "nope.gguf"

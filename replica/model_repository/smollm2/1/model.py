@@ -36,6 +36,7 @@ _log = logging.getLogger("replica.model")
 class TritonPythonModel:
     def initialize(self, args: dict) -> None:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+        from replica.engine.dtype import dtype_name
         from replica.engine.llm_engine import LLMEngine
         from replica.engine.models.loader import default_model_path
 
@@ -49,7 +50,11 @@ class TritonPythonModel:
         self._vocab_size = _vocab_size(self._engine)
         self._streams: dict[str, ResponseStream] = {}
         self._streams_lock = threading.Lock()
-        self._metrics = EngineMetrics(pb_utils, {"model": args["model_name"], "version": args["model_version"]})
+        info = {"dtype": dtype_name(self._engine.dtype), "quantization": engine_config.quantization}
+        _log.info("loaded: compute dtype %s (asked %s), quantization %s", info["dtype"], engine_config.dtype,
+                  info["quantization"])
+        self._metrics = EngineMetrics(pb_utils, {"model": args["model_name"], "version": args["model_version"]},
+                                      info)
         # Responses go out on one sender thread, in order: a send blocks ~0.3-1 ms on IPC with the
         # server (GIL released), which then overlaps the next engine step instead of delaying it.
         self._sender = ThreadPoolExecutor(max_workers=1, thread_name_prefix="response-sender")
