@@ -6,8 +6,9 @@ opens it for another cool-down. A probe whose process died releases its claim af
 `probe_timeout_s`, so another request may probe.
 
 A failure is a replica fault (unreachable, stream error), before or after the first token; a
-refused input (a client error) and a client disconnect are neither failure nor success. A
-success is a first token received.
+refused input (a client error), one request failing inside a working replica and a client
+disconnect are neither failure nor success. A success is a first token received. A replica
+whose engine died is tripped open at once (`trip`), without waiting for more failures.
 """
 from __future__ import annotations
 
@@ -78,6 +79,12 @@ class CircuitBreaker:
         return bool(await self._failure(
             keys=[self.key(replica_id), self.probe_key(replica_id)],
             args=[self._now_ms(), self.failure_threshold, self._cooldown_ms]))
+
+    async def trip(self, replica_id: int) -> None:
+        """Open the circuit now for a cool-down (the replica is known broken: its engine died);
+        by then the registry has it failed and the router no longer sees it at all."""
+        await self._redis.hset(self.key(replica_id), mapping={
+            "failures": self.failure_threshold, "open_until": self._now_ms() + self._cooldown_ms})
 
     async def record_success(self, replica_id: int) -> None:
         pipe = self._redis.pipeline(transaction=True)

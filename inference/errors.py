@@ -101,3 +101,17 @@ class ReplicaFailed(ApiError):
     status = 503
     type = "server_error"
     code = "replica_error"
+
+
+class ReplicaDied(ReplicaFailed):
+    """The replica's engine died while serving this request. Not retried on another replica
+    (the request may be what killed it); the client may retry later."""
+
+
+class ModelFailed(ApiError):
+    """The model failed on this one request inside a working replica (the others went on).
+    Not retried on another replica and not held against the replica."""
+
+    status = 500
+    type = "server_error"
+    code = "model_error"

@@ -1,8 +1,12 @@
 """Running one prepared request: route, stream from the replica, retry, account, record.
 
 `generate(container, prepared)` is an async iterator of `Delta`s then one `Done`. It raises
-ApiError subclasses for failures the client must see; a failure before the first token is
-retried on another ready replica (at most settings.ROUTER_MAX_ATTEMPTS replicas). Whatever
+ApiError subclasses for failures the client must see; a replica failure before the first token
+is retried on another ready replica (at most settings.ROUTER_MAX_ATTEMPTS replicas). Never
+retried: input the replica refused (400), a request that failed alone inside a working replica
+(500 model_error) and a request in flight when its replica's engine died (503; the replica is
+dropped from routing at once and marked failed). A request refused by an already dead engine is
+retried elsewhere. Whatever
 happens (finish, error, client disconnect) the lease is released, one usage row is recorded
 and the Idempotency-Key is either completed with the reply or abandoned.
 """
@@ -23,13 +27,15 @@ from billing.services import UsageEvent, record_usage
 from inference.admission import QueueFull, QueueTimeout, Slot, Waiter
 from inference.container import Container
 from inference.db_connection import release_db_connection
-from inference.errors import InvalidRequest, ReplicaFailed, ServiceUnavailable
+from inference.errors import InvalidRequest, ModelFailed, ReplicaDied, ReplicaFailed, ServiceUnavailable
 from inference.pipeline import Prepared, record_fallback, retarget
 from inference.quota import settle
 from inference.replica_client import (
     ReplicaChunk,
+    ReplicaDead,
     ReplicaRejected,
     ReplicaRequest,
+    ReplicaRequestFailed,
     ReplicaStreamError,
     ReplicaUnavailable,
 )
@@ -166,9 +172,11 @@ async def generate(container: Container, prepared: Prepared) -> AsyncIterator[De
                     async for delta in deltas:
                         yield delta
                 break
-            except (ServiceUnavailable, ReplicaFailed):
-                # A canary that cannot start the request never fails it: stable serves it.
-                if current.fallback is None or progress.first_token_at is not None:
+            except (ServiceUnavailable, ReplicaFailed) as exc:
+                # A canary that cannot start the request never fails it: stable serves it
+                # (unless the canary's engine died serving it: it may be what killed it).
+                if (current.fallback is None or progress.first_token_at is not None
+                        or isinstance(exc, ReplicaDied)):
                     raise
                 slot = await _release_slot(slot, current)
                 await record_fallback(container, current.rollout_id, FAILED if tried else UNAVAILABLE)
@@ -257,6 +265,18 @@ async def _stream(container: Container, prepared: Prepared, progress: _Progress,
         except ReplicaRejected as exc:
             progress.status = UsageRecord.Status.REJECTED
             raise InvalidRequest(str(exc) or "The replica refused the request.") from exc
+        except ReplicaRequestFailed as exc:
+            raise ModelFailed(f"The model failed on this request: {exc}") from exc
+        except ReplicaDead as exc:
+            await asyncio.shield(_report(container.router.dead(lease, str(exc))))
+            logger.error("replica %s: engine dead (%s)", lease.replica.grpc_address, exc)
+            if exc.in_flight or progress.first_token_at is not None:
+                raise ReplicaDied("The replica serving this request failed; retry later.",
+                                  headers={"Retry-After": "1"}) from exc
+            if len(tried) >= settings.ROUTER_MAX_ATTEMPTS:
+                raise ReplicaFailed("The replicas failed before the first token; retry later.",
+                                    headers={"Retry-After": "1"}) from exc
+            continue
         except (ReplicaUnavailable, ReplicaStreamError) as exc:
             started = progress.first_token_at is not None
             retrying = not started and len(tried) < settings.ROUTER_MAX_ATTEMPTS

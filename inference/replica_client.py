@@ -4,8 +4,10 @@ Invariants of `ReplicaClient.stream`:
 - chunks arrive in order; exactly one has `final=True` and it is the last;
 - closing the iterator early (aclose, or cancelling the task that awaits it) cancels the
   request on the replica, which frees its sequence;
-- failures raise `ReplicaUnavailable` (never reached / connection lost), `ReplicaRejected`
-  (the replica refused the input: a client error) or `ReplicaStreamError` (anything else).
+- failures raise `ReplicaUnavailable` (never reached / connection lost / draining),
+  `ReplicaDead` (its engine died: the replica serves nothing more), `ReplicaRejected` (the
+  replica refused the input: a client error), `ReplicaRequestFailed` (this request failed
+  inside a working replica) or `ReplicaStreamError` (anything else).
 """
 from __future__ import annotations
 
@@ -53,6 +55,21 @@ class ReplicaRejected(ReplicaError):
 
 class ReplicaStreamError(ReplicaError):
     pass
+
+
+class ReplicaDead(ReplicaUnavailable):
+    """The replica's engine died. `in_flight`: it died while serving this request (which may
+    have been what killed it, so it is not retried elsewhere); otherwise it refused the request
+    because it was already dead."""
+
+    def __init__(self, message: str, *, in_flight: bool):
+        super().__init__(message)
+        self.in_flight = in_flight
+
+
+class ReplicaRequestFailed(ReplicaError):
+    """This request failed inside a working replica (the others there went on): not the
+    replica's fault as a whole, and the same request would likely fail on another one."""
 
 
 class ReplicaClient(Protocol):

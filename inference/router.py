@@ -10,6 +10,8 @@ every platform process:
 - the prefix index (inference/prefix_index.py): leading prompt blocks each replica recently got;
 - the circuit breaker per replica (inference/circuit.py): open circuits get nothing; a
   half-open one gets exactly one probe request, ahead of the policy.
+A replica whose engine died (`dead`) is dropped at once: its circuit trips open (every platform
+process), this process forgets it, and the registry marks it failed (models_registry/health.py).
 Only `ready` replicas are candidates (the registry's state; a draining replica finishes its
 streams but gets nothing new).
 
@@ -36,6 +38,7 @@ from inference.policies import (  # noqa: F401 - re-exported: the router's publi
 from inference.prefix_index import PrefixIndex
 from inference.replica_signals import SignalPoller, SignalStore
 from inference.routing_stats import RoutingStats
+from models_registry.health import report_engine_dead
 from models_registry.selectors import ReplicaInfo, ServingVersion, ready_replicas, serving_version
 
 logger = logging.getLogger(__name__)
@@ -107,6 +110,12 @@ class ReplicaDirectory:
         replicas = await ready_replicas(model_version_id)
         self._cached[model_version_id] = (now, replicas)
         return replicas
+
+    def drop(self, model_version_id: int, replica_id: int) -> None:
+        """Forget a replica known broken until the next read from PostgreSQL."""
+        hit = self._cached.get(model_version_id)
+        if hit is not None:
+            self._cached[model_version_id] = (hit[0], [r for r in hit[1] if r.replica_id != replica_id])
 
 
 class ServingCatalog:
@@ -246,6 +255,16 @@ class Router:
                                    retries=int(retrying), circuit_opened=int(opened))
         if before_first_token:
             await self.state.prefix_index.forget(lease.model_version_id, lease.block_hashes, rid)
+
+    async def dead(self, lease: Lease, reason: str) -> None:
+        """The replica's engine died: no request goes there any more, from any process."""
+        rid = lease.replica.replica_id
+        self._directory.drop(lease.model_version_id, rid)
+        await self.state.circuit.trip(rid)
+        await self.state.stats.add(lease.model_version_id, rid, lease.policy, failures=1, circuit_opened=1)
+        await self.state.prefix_index.forget(lease.model_version_id, lease.block_hashes, rid)
+        if await report_engine_dead(rid, reason):
+            logger.error("replica %s: engine died (%s); marked failed", rid, reason)
 
     async def finished(self, lease: Lease, num_prompt_tokens: int, num_cached_tokens: int) -> None:
         await self.state.stats.add(lease.model_version_id, lease.replica.replica_id, lease.policy,

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from rest_framework import serializers
 
 from inference.errors import InvalidRequest
+from replica.engine.sampling_params import GREEDY_TEMPERATURE
 
 MAX_STOP_SEQUENCES = 4
 ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -203,6 +204,8 @@ def parse_request(endpoint: str, body: object) -> GenerationRequest:
     if endpoint == "completions" and max_tokens is None:
         max_tokens = 16  # OpenAI's default for the legacy completions endpoint
     temperature = data.get("temperature")
+    if temperature is not None and temperature < GREEDY_TEMPERATURE:
+        temperature = 0.0  # greedy: the limit of a tiny temperature (dividing by it overflows)
     top_p = data.get("top_p")
     stream_options = data.get("stream_options") or {}
     messages = None

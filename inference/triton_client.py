@@ -18,13 +18,16 @@ from tritonclient.utils import InferenceServerException
 
 from inference.replica_client import (
     ReplicaChunk,
+    ReplicaDead,
     ReplicaRejected,
     ReplicaRequest,
+    ReplicaRequestFailed,
     ReplicaStreamError,
     ReplicaUnavailable,
 )
+from replica.backend import error_messages
 
-INVALID_PREFIX = "invalid request:"
+INVALID_PREFIX = error_messages.INVALID_REQUEST
 _UNAVAILABLE_CODES = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
 
 
@@ -89,10 +92,21 @@ def classify(error: Exception) -> Exception:
     message = error.message() if isinstance(error, InferenceServerException) else str(error)
     message = message or ""
     if INVALID_PREFIX in message:
-        return ReplicaRejected(message[message.index(INVALID_PREFIX) + len(INVALID_PREFIX):].strip())
+        return ReplicaRejected(_after(message, INVALID_PREFIX))
+    if error_messages.ENGINE_DEAD in message:
+        return ReplicaDead(_after(message, error_messages.ENGINE_DEAD), in_flight=False)
+    if error_messages.ENGINE_FAILED in message:
+        return ReplicaDead(_after(message, error_messages.ENGINE_FAILED), in_flight=True)
+    if error_messages.REQUEST_FAILED in message:
+        return ReplicaRequestFailed(_after(message, error_messages.REQUEST_FAILED))
     if isinstance(error, InferenceServerException) and error.status() == "StatusCode.UNAVAILABLE":
         return ReplicaUnavailable(message)
     return ReplicaStreamError(message)
+
+
+def _after(message: str, prefix: str) -> str:
+    """The replica's message after its kind's prefix (Triton may put text before it)."""
+    return message[message.index(prefix) + len(prefix):].strip()
 
 
 class TritonReplicaClient:

@@ -4,6 +4,10 @@ loading -> ready once the model answers ready (only replicas registered by hand:
 promotes its own after a warm-up request); ready -> failed when the server does not answer.
 `draining` and `stopped` are operator/launcher decisions and are left alone. Every change is a
 recorded lifecycle transition.
+
+A replica whose engine died answers every request "engine dead" and its launcher stops the
+server (model readiness false), so the next check marks it failed; the request path that saw it
+first does not wait for that check: `report_engine_dead` marks it failed at once.
 """
 from __future__ import annotations
 
@@ -67,3 +71,12 @@ async def check_replicas(timeout_s: float = 2.0) -> dict[int, str]:
                                             only_from=(probe.state,))
         states[probe.replica_id] = new_state
     return states
+
+
+async def report_engine_dead(replica_id: int, reason: str) -> bool:
+    """The request path saw this replica's engine die: loading/ready -> failed now (the node
+    agent then stops its process and the autoscaler places a replacement). False when it was
+    not loading or ready any more (someone else moved it first)."""
+    return await sync_to_async(transition)(
+        replica_id, Replica.State.FAILED, f"engine died: {reason}"[:300], timezone.now(),
+        only_from=(Replica.State.LOADING, Replica.State.READY))

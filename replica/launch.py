@@ -3,7 +3,10 @@
 Prints one `replica ready: ...` line once the model answers ready. On SIGTERM/SIGINT it drains
 (new requests refused, in-flight streams finish within --drain-grace-s, then are aborted), stops
 the server and exits 0. A missing weights file or a model that fails to load exits non-zero with
-the reason on stderr.
+the reason on stderr. If the model's engine loop dies (the model writes its engine-dead file), it
+prints `replica failed: the engine died: <reason>`, stops the server at once (Triton's model
+readiness turns false as the server stops) and exits 3, so the node agent records the replica
+failed and the fleet replaces it.
 """
 from __future__ import annotations
 
@@ -93,7 +96,12 @@ def main(argv: list[str] | None = None) -> int:
         f"in {time.monotonic() - started:.1f}s (log: {replica.log_path})",
         flush=True,
     )
-    while not stop_requested.wait(0.5):
+    while not stop_requested.wait(0.2):
+        dead = replica.engine_dead_reason()
+        if dead is not None:
+            print(f"replica failed: the engine died: {dead}", file=sys.stderr, flush=True)
+            replica.stop(grace_s=0.0, unload_timeout_s=10.0)
+            return 3
         if replica.poll() is not None:
             print(f"replica failed: tritonserver exited with code {replica.poll()}\n{replica.log_tail()}",
                   file=sys.stderr, flush=True)

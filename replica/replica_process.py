@@ -1,7 +1,8 @@
 """ReplicaProcess: one tritonserver serving one model with our engine, started and stopped safely.
 
 Lifecycle: `start()` (write the repository, spawn the server in its own process group) ->
-`wait_ready()` -> serve -> `stop()`: drain (the model refuses new work and ends in-flight streams
+`wait_ready()` -> serve (`engine_dead_reason()` says when the model's engine loop died: the
+server then serves nothing and should be stopped) -> `stop()`: drain (the model refuses new work and ends in-flight streams
 within the grace period), SIGTERM the server, SIGKILL its process group if it outlives the
 timeout, and remove its /dev/shm regions. Used by `python -m replica.launch`, tests and the
 platform's fleet code.
@@ -79,6 +80,14 @@ class ReplicaProcess:
         return self._dir / "drain"
 
     @property
+    def engine_dead_path(self) -> Path:
+        return self._dir / "engine-dead"
+
+    @property
+    def fault_path(self) -> Path:
+        return self._dir / "fault"
+
+    @property
     def grpc_url(self) -> str:
         return f"{self.spec.host}:{self.spec.grpc_port}"
 
@@ -112,12 +121,16 @@ class ReplicaProcess:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.drain_path.unlink(missing_ok=True)
         Path(drained_marker(str(self.drain_path))).unlink(missing_ok=True)
+        self.engine_dead_path.unlink(missing_ok=True)
+        self.fault_path.unlink(missing_ok=True)
         parameters = ModelParameters(
             **{
                 **self.spec.parameters.__dict__,
                 "weights": self.weights_path,
                 "drain_file": str(self.drain_path),
                 "drain_grace_s": self.spec.drain_grace_s,
+                "engine_dead_file": str(self.engine_dead_path),
+                "fault_file": str(self.fault_path),
             }
         )
         repository = write_model_repository(self._dir / "model_repository", self.spec.model_name, parameters)
@@ -169,6 +182,19 @@ class ReplicaProcess:
 
     def poll(self) -> int | None:
         return self._require_process().poll()
+
+    def engine_dead_reason(self) -> str | None:
+        """Why the model's engine loop died, or None while it runs (the model writes the file)."""
+        try:
+            return self.engine_dead_path.read_text(encoding="utf-8").strip() or "unknown"
+        except OSError:
+            return None
+
+    def inject_engine_fault(self, message: str = "injected fault") -> None:
+        """Fault injection (tests, benchmarks): the model kills its engine loop as a bug would."""
+        tmp = self.fault_path.with_suffix(".tmp")
+        tmp.write_text(f"{message}\n", encoding="utf-8")
+        tmp.replace(self.fault_path)
 
     def drain(self, grace_s: float | None = None) -> None:
         """Tell the model to refuse new work and end in-flight streams within `grace_s`."""

@@ -12,6 +12,8 @@ these instead. Names (labels: model, version):
   replica_interrupted_steps_total                       counter
   replica_engine_info                                   gauge, always 1; labels also dtype and
                                                         quantization: what the engine runs
+  replica_engine_alive                                  gauge: 1 while the engine loop runs, 0
+                                                        once it died (the replica serves nothing)
 
 Invariants: every MetricFamily stays referenced for the model's lifetime (a collected family breaks
 its metrics); `close()` deletes the metrics before their families (else the stub may crash on exit).
@@ -37,6 +39,7 @@ COUNTERS = {
 }
 
 INFO = "replica_engine_info"
+ALIVE = "replica_engine_alive"
 
 
 class EngineMetrics:
@@ -47,6 +50,10 @@ class EngineMetrics:
                                       kind=family.GAUGE)
         self._info = self._families[INFO].Metric(labels={**labels, **info})
         self._info.set(1.0)
+        self._families[ALIVE] = family(name=ALIVE, description="1 while the engine loop runs, 0 once it died",
+                                       kind=family.GAUGE)
+        self._alive = self._families[ALIVE].Metric(labels=labels)
+        self._alive.set(1.0)
         self._gauges: dict[str, Any] = {}  # stats attribute -> metric
         self._counters: dict[str, Any] = {}
         self._last_counts: dict[str, int] = {}
@@ -68,8 +75,13 @@ class EngineMetrics:
                 metric.increment(float(delta))
                 self._last_counts[attr] = value
 
+    def set_alive(self, alive: bool) -> None:
+        if self._alive is not None:
+            self._alive.set(1.0 if alive else 0.0)
+
     def close(self) -> None:
         self._info = None
+        self._alive = None
         self._gauges.clear()
         self._counters.clear()
         self._families.clear()

@@ -24,6 +24,8 @@ class ModelParameters:
     num_threads: int = 0  # torch intra-op threads; 0 = torch's default
     drain_file: str = ""  # "" = no drain signal
     drain_grace_s: float = 30.0
+    engine_dead_file: str = ""  # written (with the reason) when the engine loop dies; "" = none
+    fault_file: str = ""  # fault injection (tests, benchmarks): when it appears, the loop dies
 
     @classmethod
     def from_model_config(cls, model_config: dict[str, Any]) -> "ModelParameters":

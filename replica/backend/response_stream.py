@@ -16,7 +16,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from replica.engine.request import RequestOutput
+from replica.backend.error_messages import output_error_message
+from replica.engine.request import ErrorKind, RequestOutput
 
 
 class ResponseStream:
@@ -49,8 +50,10 @@ class ResponseStream:
             return
         self._num_outputs += 1
         if output.error is not None:
-            invalid = output.error.startswith("invalid request")
-            self.fail(output.error, self._pb.TritonError.INVALID_ARG if invalid else None)
+            codes = {ErrorKind.INVALID_INPUT: self._pb.TritonError.INVALID_ARG,
+                     ErrorKind.ENGINE_DEAD: self._pb.TritonError.UNAVAILABLE}
+            self.fail(output_error_message(output.error_kind, output.error),
+                      codes.get(output.error_kind, self._pb.TritonError.INTERNAL))
             return
         text = output.text_delta
         if self._pending_prefix:

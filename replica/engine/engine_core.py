@@ -1,6 +1,17 @@
-"""EngineCore.step(): schedule -> run -> update, then detokenise into RequestOutput deltas."""
+"""EngineCore.step(): schedule -> run -> update, then detokenise into RequestOutput deltas.
+
+Fault isolation (no request can kill the engine):
+- a request whose row cannot be sampled, or whose text cannot be decoded, finishes alone with
+  an INTERNAL error output; the step and the other requests go on;
+- a step whose model run raises fails the requests it scheduled (INTERNAL error outputs) and
+  leaves the others and the engine's state intact: nothing of that step was counted, and only
+  computed blocks ever enter the prefix cache (scheduler.update);
+- `max_failed_steps` failed steps in a row are no longer one request's doing (a broken device,
+  say): `step` raises EngineFault and the engine is dead.
+"""
 from __future__ import annotations
 
+import logging
 import random
 import time
 from dataclasses import dataclass
@@ -8,10 +19,17 @@ from typing import Callable
 
 from replica.engine.detokenizer import Decoder, IncrementalDetokenizer
 from replica.engine.models.llama import StepInterrupted
-from replica.engine.request import FinishReason, Request, RequestOutput
+from replica.engine.request import ErrorKind, FinishReason, Request, RequestOutput
 from replica.engine.runner.model_runner import ModelRunner
+from replica.engine.runner.sampler import SampleError
 from replica.engine.sampling_params import InvalidRequestError, SamplingParams
 from replica.engine.scheduler import Scheduler
+
+_log = logging.getLogger(__name__)
+
+
+class EngineFault(RuntimeError):
+    """The engine cannot go on (steps keep failing whatever they hold): the loop dies on it."""
 
 
 @dataclass
@@ -36,6 +54,7 @@ class EngineCore:
         eos_token_ids: tuple[int, ...],
         clock: Callable[[], float] = time.monotonic,
         rng: random.Random | None = None,
+        max_failed_steps: int = 3,
     ) -> None:
         self.scheduler = scheduler
         self.runner = runner
@@ -47,6 +66,9 @@ class EngineCore:
         self._detok: dict[str, IncrementalDetokenizer] = {}
         self._prompt_tokens = 0
         self._generated_tokens = 0
+        self.max_failed_steps = max_failed_steps
+        self._num_failed_steps = 0  # in a row
+        self.vocab_size = int(runner.model.config.vocab_size)
 
     def add_request(
         self,
@@ -60,6 +82,8 @@ class EngineCore:
     ) -> None:
         if not prompt_token_ids:
             raise InvalidRequestError("the prompt is empty")
+        if min(prompt_token_ids) < 0 or max(prompt_token_ids) >= self.vocab_size:
+            raise InvalidRequestError(f"prompt token ids must lie in [0, {self.vocab_size})")
         if request_id in self.scheduler.requests:
             raise InvalidRequestError(f"request id {request_id!r} is already in use")
         max_len = self.scheduler.max_seq_len
@@ -109,21 +133,58 @@ class EngineCore:
         except StepInterrupted:
             self.scheduler.interrupted()
             return []
-        self._prompt_tokens += prompt_tokens
-        progressed = self.scheduler.update(out, sampled, self.eos_token_ids)
-        self._generated_tokens += len(progressed)
+        except Exception as exc:  # noqa: BLE001 - the step's requests fail, not the engine
+            return self._fail_step(out, exc)
+        self._num_failed_steps = 0
         outputs = []
-        for request in progressed:
-            token = request.output_token_ids[-1]
-            detok = self._detok[request.request_id]
-            delta, stopped = detok.append([token])
-            if stopped:
-                self.scheduler.finish(request, FinishReason.STOP)
-            if request.is_finished:
-                outputs.append(self._final_output(request, [token], delta))
+        tokens: dict[str, int] = {}
+        for request_id, token in sampled.items():
+            if isinstance(token, SampleError):
+                # Finished before update: update skips it, its blocks are freed now.
+                outputs.append(self._error_output(self.scheduler.requests[request_id], ErrorKind.INTERNAL,
+                                                  f"request failed: {token.message}"))
             else:
-                outputs.append(self._output(request, [token], delta))
+                tokens[request_id] = token
+        self._prompt_tokens += prompt_tokens
+        progressed = self.scheduler.update(out, tokens, self.eos_token_ids)
+        self._generated_tokens += len(progressed)
+        for request in progressed:
+            try:
+                outputs.append(self._postprocess(request))
+            except Exception as exc:  # noqa: BLE001 - one request's text must not fail the others
+                _log.exception("postprocessing %s failed", request.request_id)
+                outputs.append(self._error_output(request, ErrorKind.INTERNAL, f"request failed: {exc!r}"))
         return outputs
+
+    def _postprocess(self, request: Request) -> RequestOutput:
+        token = request.output_token_ids[-1]
+        detok = self._detok[request.request_id]
+        delta, stopped = detok.append([token])
+        if stopped:
+            self.scheduler.finish(request, FinishReason.STOP)
+        if request.is_finished:
+            return self._final_output(request, [token], delta)
+        return self._output(request, [token], delta)
+
+    def _fail_step(self, out, exc: Exception) -> list[RequestOutput]:
+        self._num_failed_steps += 1
+        if self._num_failed_steps >= self.max_failed_steps:
+            raise EngineFault(f"{self._num_failed_steps} engine steps in a row failed; the last: {exc!r}") from exc
+        _log.error("an engine step failed; failing the %d requests it held", len(out.scheduled), exc_info=exc)
+        return [self._error_output(request, ErrorKind.INTERNAL, f"request failed: the engine step failed: {exc!r}")
+                for request, _ in out.scheduled if not request.is_finished]
+
+    def _error_output(self, request: Request, kind: ErrorKind, message: str) -> RequestOutput:
+        """Finish `request` with an error: its blocks are freed, its counts reported."""
+        self.scheduler.finish(request, FinishReason.ABORT)
+        self._detok.pop(request.request_id, None)
+        self._seeds.pop(request.request_id, None)
+        out = self._output(request, [], "")
+        out.finished = True
+        out.finish_reason = FinishReason.ABORT
+        out.error = message
+        out.error_kind = kind
+        return out
 
     def _output(self, request: Request, token_ids: list[int], delta: str) -> RequestOutput:
         return RequestOutput(

@@ -5,7 +5,11 @@ Invariants:
   through `submit` / `abort` / `drain` / `stop`, which only queue commands under a lock.
 - Every submitted request gets exactly one final `RequestOutput` (finished=True) through its
   `on_output`: a normal finish, an abort (client cancel, drain deadline, stop), or an error output
-  (`error` set) when the engine refused it later or the loop thread died.
+  (`error` and `error_kind` set) when the engine refused it later (INVALID_INPUT), failed it alone
+  (INTERNAL, engine_core.py) or the loop thread died (ENGINE_DEAD).
+- The loop dies only on what escapes `engine.step()` and the loop's own bookkeeping (EngineFault,
+  a bug); then every open request gets an ENGINE_DEAD error, `submit` raises EngineDeadError
+  from then on, and `on_dead` (if given) is called once with the exception, on the dying thread.
 - Callbacks run on the loop thread and must be quick; one that raises aborts its own request and
   nobody else's.
 - The thread sleeps on a condition while the engine has nothing to do (no busy spin).
@@ -22,17 +26,26 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from replica.engine.request import FinishReason, RequestOutput
+from replica.engine.request import ErrorKind, FinishReason, RequestOutput
 from replica.engine.sampling_params import InvalidRequestError, SamplingParams
 
 OutputCallback = Callable[[RequestOutput], None]
 TickCallback = Callable[[Any], None]  # receives engine.stats()
+DeadCallback = Callable[[BaseException], None]
 
 _NEW, _RUNNING, _DRAINING, _STOPPED, _DEAD = "new", "running", "draining", "stopped", "dead"
 
 
 class EngineUnavailableError(RuntimeError):
     """The loop takes no new work: draining, stopped, never started or dead."""
+
+
+class EngineDeadError(EngineUnavailableError):
+    """The loop thread died: this engine serves nothing any more."""
+
+
+class InjectedFault(RuntimeError):
+    """Raised on the loop thread by `inject_fault` (fault-injection tests and benchmarks)."""
 
 
 @dataclass
@@ -71,6 +84,11 @@ class _Abort:
     request_id: str
 
 
+@dataclass(frozen=True)
+class _Fault:
+    message: str
+
+
 class EngineLoop:
     """Runs `engine.step()` in a dedicated thread while any request is open."""
 
@@ -79,6 +97,7 @@ class EngineLoop:
         engine: Any,
         *,
         on_tick: TickCallback | None = None,
+        on_dead: DeadCallback | None = None,
         tick_interval_s: float = 0.25,
         clock: Callable[[], float] = time.monotonic,
         logger: logging.Logger | None = None,
@@ -87,6 +106,7 @@ class EngineLoop:
         self._engine = engine
         self._max_model_len = int(engine.max_model_len)
         self._on_tick = on_tick
+        self._on_dead = on_dead
         self._tick_interval_s = tick_interval_s
         self._clock = clock
         self._log = logger or logging.getLogger(__name__)
@@ -95,7 +115,7 @@ class EngineLoop:
         self._cond = threading.Condition()
         # Guarded by _cond:
         self._state = _NEW
-        self._commands: deque[_Add | _Abort] = deque()
+        self._commands: deque[_Add | _Abort | _Fault] = deque()
         self._open: dict[str, OutputCallback] = {}  # submitted, final output not yet delivered
         self._drain_deadline: float | None = None
         self._stop_requested = False
@@ -128,6 +148,8 @@ class EngineLoop:
         once it returns, `on_output` will eventually see exactly one finished output."""
         self._validate(request_id, prompt_token_ids, params)
         with self._cond:
+            if self._state == _DEAD:
+                raise EngineDeadError(self._unavailable_reason())
             if self._state != _RUNNING:
                 raise EngineUnavailableError(self._unavailable_reason())
             if request_id in self._open:
@@ -144,6 +166,14 @@ class EngineLoop:
         with self._cond:
             if request_id in self._open and self._state in (_RUNNING, _DRAINING):
                 self._commands.append(_Abort(request_id))
+                self._cond.notify()
+
+    def inject_fault(self, message: str = "injected fault") -> None:
+        """Kill the loop thread as a bug would (InjectedFault raised on it): for fault-injection
+        tests and benchmarks only."""
+        with self._cond:
+            if self._state in (_RUNNING, _DRAINING):
+                self._commands.append(_Fault(message))
                 self._cond.notify()
 
     def drain(self, grace_s: float) -> None:
@@ -183,6 +213,12 @@ class EngineLoop:
     @property
     def is_alive(self) -> bool:
         return self._thread.is_alive()
+
+    @property
+    def is_dead(self) -> bool:
+        """The loop thread died (not stopped): the engine serves nothing any more."""
+        with self._cond:
+            return self._state == _DEAD
 
     @property
     def error(self) -> BaseException | None:
@@ -280,10 +316,12 @@ class EngineLoop:
             return max(0.0, self._drain_deadline - self._clock())
         return None
 
-    def _apply(self, command: _Add | _Abort) -> None:
+    def _apply(self, command: _Add | _Abort | _Fault) -> None:
         if isinstance(command, _Abort):
             self._abort(command.request_id)
             return
+        if isinstance(command, _Fault):
+            raise InjectedFault(command.message)
         try:
             self._engine.add_request(
                 command.request_id,
@@ -294,7 +332,8 @@ class EngineLoop:
                 cache_salt=command.cache_salt,
             )
         except InvalidRequestError as exc:
-            self._finish_with(command.request_id, _error_output(command.request_id, f"invalid request: {exc}"))
+            self._finish_with(command.request_id, _error_output(
+                command.request_id, f"invalid request: {exc}", ErrorKind.INVALID_INPUT))
 
     def _abort(self, request_id: str) -> None:
         with self._cond:
@@ -359,12 +398,17 @@ class EngineLoop:
             self._commands.clear()
             self._cond.notify_all()
         for request_id, callback in open_requests.items():
-            self._call(callback, _error_output(request_id, f"engine failed: {exc!r}"))
+            self._call(callback, _error_output(request_id, f"engine failed: {exc!r}", ErrorKind.ENGINE_DEAD))
+        if self._on_dead is not None:
+            try:
+                self._on_dead(exc)
+            except Exception:  # noqa: BLE001 - the loop is dead either way
+                self._log.exception("on_dead failed")
 
 
 def _abort_output(request_id: str) -> RequestOutput:
     return RequestOutput(request_id, [], "", True, FinishReason.ABORT, 0, 0, 0)
 
 
-def _error_output(request_id: str, message: str) -> RequestOutput:
-    return RequestOutput(request_id, [], "", True, FinishReason.ABORT, 0, 0, 0, error=message)
+def _error_output(request_id: str, message: str, kind: ErrorKind) -> RequestOutput:
+    return RequestOutput(request_id, [], "", True, FinishReason.ABORT, 0, 0, 0, error=message, error_kind=kind)

@@ -25,6 +25,20 @@ class FinishReason(str, enum.Enum):
     ABORT = "abort"
 
 
+class ErrorKind(str, enum.Enum):
+    """Why a request ended with an error: what the platform may do about it.
+
+    INVALID_INPUT: the request's own input; a client error, the same on every replica.
+    INTERNAL: this request failed inside a working engine (the step and the others went on);
+      not the replica's fault as a whole, and not worth retrying on another replica.
+    ENGINE_DEAD: the engine loop died while the request was open; the replica serves no more.
+    """
+
+    INVALID_INPUT = "invalid_input"
+    INTERNAL = "internal"
+    ENGINE_DEAD = "engine_dead"
+
+
 @dataclass
 class Request:
     request_id: str
@@ -89,4 +103,5 @@ class RequestOutput:
     num_prompt_tokens: int
     num_output_tokens: int
     num_cached_tokens: int
-    error: str | None = None
+    error: str | None = None  # set on a final output that ended in an error
+    error_kind: ErrorKind | None = None  # set with `error`

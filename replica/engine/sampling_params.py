@@ -1,8 +1,18 @@
-"""Sampling parameters, validated once at the boundary."""
+"""Sampling parameters, validated once at the boundary.
+
+Every value that passes validation is safe for the sampler: a temperature below
+GREEDY_TEMPERATURE is greedy (dividing logits by it would overflow them), top_k above the vocabulary
+is "off", and top_p in (0, 1] always keeps the most likely token.
+"""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields
 from typing import Any
+
+# Temperatures below this sample greedily. At 1e-5 the largest logit gap of a real model (tens)
+# becomes ~1e6 after scaling: the softmax is already one-hot, and float32 is far from overflow.
+GREEDY_TEMPERATURE = 1e-5
 
 
 class InvalidRequestError(ValueError):
@@ -23,11 +33,13 @@ class SamplingParams:
     def __post_init__(self) -> None:
         if not isinstance(self.max_tokens, int) or isinstance(self.max_tokens, bool) or self.max_tokens < 1:
             raise InvalidRequestError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
-        if not isinstance(self.temperature, (int, float)) or not 0.0 <= self.temperature <= 100.0:
+        if (not isinstance(self.temperature, (int, float)) or isinstance(self.temperature, bool)
+                or not math.isfinite(self.temperature) or not 0.0 <= self.temperature <= 100.0):
             raise InvalidRequestError(f"temperature must be in [0, 100], got {self.temperature!r}")
         if not isinstance(self.top_k, int) or isinstance(self.top_k, bool) or self.top_k < 0:
             raise InvalidRequestError(f"top_k must be an integer >= 0, got {self.top_k!r}")
-        if not isinstance(self.top_p, (int, float)) or not 0.0 < self.top_p <= 1.0:
+        if (not isinstance(self.top_p, (int, float)) or isinstance(self.top_p, bool)
+                or not math.isfinite(self.top_p) or not 0.0 < self.top_p <= 1.0):
             raise InvalidRequestError(f"top_p must be in (0, 1], got {self.top_p!r}")
         if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)):
             raise InvalidRequestError(f"seed must be an integer, got {self.seed!r}")
@@ -40,7 +52,7 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0 or self.top_k == 1
+        return self.temperature < GREEDY_TEMPERATURE or self.top_k == 1
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "SamplingParams":

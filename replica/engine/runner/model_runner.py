@@ -13,7 +13,7 @@ from replica.engine.config import ModelConfig
 from replica.engine.models.llama import LlamaForCausalLM
 from replica.engine.runner import native
 from replica.engine.runner.attention import AttentionMetadata, PrefillSeq
-from replica.engine.runner.sampler import Sampler
+from replica.engine.runner.sampler import SampleError, Sampler
 from replica.engine.scheduler import SchedulerOutput
 
 
@@ -109,8 +109,9 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput, seeds: dict[str, int],
-                interrupt: Callable[[], bool] | None = None) -> dict[str, int]:
-        """Run one step; return the sampled token per request that reached its frontier.
+                interrupt: Callable[[], bool] | None = None) -> dict[str, int | SampleError]:
+        """Run one step; return the sampled token per request that reached its frontier (a
+        SampleError for a request whose row could not be sampled: it fails alone).
         Raises StepInterrupted when `interrupt` (asked between layers) says stop."""
         input_ids, positions, meta, logits_idx, sampled_requests = self._prepare(out)
         if not sampled_requests:

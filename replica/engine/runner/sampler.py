@@ -3,14 +3,36 @@
 A seeded request draws its i-th token from a generator seeded by (seed, i), so its output
 depends only on its seed and its own logits: not on batch composition, step timing or
 preemption and recompute.
+
+Invariants (no request's values can fail another's, or the step):
+- sampling computes in float32 whatever the model's dtype;
+- a temperature below `sampling_params.GREEDY_TEMPERATURE` is greedy (SamplingParams.greedy):
+  dividing by it would overflow the logits to inf and the softmax to NaN;
+- a row whose logits hold NaN or +inf (the model's fault, never the request's) fails that row
+  alone: `sample` returns a `SampleError` in its place;
+- a row whose distribution turns out degenerate after temperature, top-k and top-p (no finite
+  positive mass) falls back to its greedy token: the limit it was heading to;
+- an unexpected exception while sampling one row fails that row alone.
 """
 from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
 
 import torch
 
 from replica.engine.sampling_params import SamplingParams
 
 _MASK64 = (1 << 63) - 1
+_log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SampleError:
+    """One row could not be sampled; its request fails with an internal error."""
+
+    message: str
 
 
 def _generator(seed: int, index: int) -> torch.Generator:
@@ -20,42 +42,68 @@ def _generator(seed: int, index: int) -> torch.Generator:
 
 
 def sample_one(logits: torch.Tensor, params: SamplingParams, seed: int, index: int) -> int:
-    """logits: [vocab] float32 of one request."""
+    """logits: [vocab] of one request, finite or -inf (checked by the caller)."""
+    logits = logits.float()
     if params.greedy:
         return int(torch.argmax(logits))
-    logits = logits / params.temperature
-    if params.top_k > 0 and params.top_k < logits.shape[-1]:
-        kth = torch.topk(logits, params.top_k).values[-1]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    probs = torch.softmax(logits, dim=-1)
+    scaled = logits / params.temperature
+    vocab = scaled.shape[-1]
+    if 0 < params.top_k < vocab:
+        kth = torch.topk(scaled, params.top_k).values[-1]
+        scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+    probs = torch.softmax(scaled, dim=-1)
+    generator = _generator(seed, index)
     if params.top_p < 1.0:
         sorted_probs, sorted_idx = torch.sort(probs, descending=True)
         cumulative = torch.cumsum(sorted_probs, dim=-1)
         # keep the smallest set whose mass reaches top_p (the first token is always kept)
         drop = cumulative - sorted_probs >= params.top_p
         sorted_probs = sorted_probs.masked_fill(drop, 0.0)
-        choice = torch.multinomial(sorted_probs, 1, generator=_generator(seed, index))
+        if not _is_distribution(sorted_probs):
+            return int(torch.argmax(logits))
+        choice = torch.multinomial(sorted_probs, 1, generator=generator)
         return int(sorted_idx[choice])
-    return int(torch.multinomial(probs, 1, generator=_generator(seed, index)))
+    if not _is_distribution(probs):
+        return int(torch.argmax(logits))
+    return int(torch.multinomial(probs, 1, generator=generator))
+
+
+def _is_distribution(probs: torch.Tensor) -> bool:
+    """What torch.multinomial accepts: finite, non-negative, some positive mass."""
+    total = float(probs.sum())
+    return math.isfinite(total) and total > 0.0 and bool(torch.isfinite(probs).all()) \
+        and not bool((probs < 0).any())
 
 
 class Sampler:
     def sample(
         self,
-        logits: torch.Tensor,  # [S, vocab] float32
+        logits: torch.Tensor,  # [S, vocab]
         params: list[SamplingParams],
         seeds: list[int],
         indices: list[int],  # how many tokens each request has generated so far
-    ) -> list[int]:
-        greedy_rows = [i for i, p in enumerate(params) if p.greedy]
-        tokens = [0] * len(params)
+    ) -> list[int | SampleError]:
+        """One token per row, or a SampleError for a row that cannot be sampled."""
+        logits = logits.float()
+        # NaN or +inf anywhere in a row: the model produced garbage for it (-inf is a mask).
+        bad_rows = (torch.isnan(logits) | torch.isposinf(logits)).any(dim=-1).tolist()
+        greedy_rows = [i for i, p in enumerate(params) if p.greedy and not bad_rows[i]]
+        tokens: list[int | SampleError] = [0] * len(params)
         if greedy_rows:
-            if len(greedy_rows) == len(params):
-                return torch.argmax(logits, dim=-1).tolist()
             picked = torch.argmax(logits[greedy_rows], dim=-1).tolist()
             for row, token in zip(greedy_rows, picked):
                 tokens[row] = token
         for row, p in enumerate(params):
-            if not p.greedy:
-                tokens[row] = sample_one(logits[row], p, seeds[row], indices[row])
+            if bad_rows[row]:
+                tokens[row] = SampleError("the model produced non-finite logits")
+            elif not p.greedy:
+                tokens[row] = self._sample_row(logits[row], p, seeds[row], indices[row])
         return tokens
+
+    @staticmethod
+    def _sample_row(logits: torch.Tensor, params: SamplingParams, seed: int, index: int) -> int | SampleError:
+        try:
+            return sample_one(logits, params, seed, index)
+        except Exception as exc:  # noqa: BLE001 - one row's failure must not fail the batch
+            _log.exception("sampling failed for one row (%s)", params)
+            return SampleError(f"sampling failed: {exc!r}")

@@ -3,6 +3,12 @@
 `execute` validates each request, stores its response sender and hands it to the EngineLoop, then
 returns at once; the loop thread sends one response per engine step per request. Needs the
 repository root on PYTHONPATH (the launcher sets it) and the venv's python first on PATH.
+
+Errors reach the platform by their message's prefix (replica/backend/error_messages.py). If the
+engine loop dies, every later request is refused with "engine dead:", the gauge
+`replica_engine_alive` drops to 0 and the reason is written to the `engine_dead_file`, which the
+launcher watches: it stops the server, so Triton's model readiness turns false and the fleet
+replaces the replica (Triton 2.51's Python backend has no way to mark a loaded model not ready).
 """
 from __future__ import annotations
 
@@ -22,12 +28,14 @@ for _path in reversed(os.environ.get("PYTHONPATH", "").split(os.pathsep)):
 
 import triton_python_backend_utils as pb_utils  # noqa: E402
 
+from replica.backend import error_messages
 from replica.backend.drain_watcher import DrainWatcher
 from replica.backend.engine_metrics import EngineMetrics
+from replica.backend.fault_trigger import FaultTrigger
 from replica.backend.generate_request import INPUT_NAMES, GenerateRequest
 from replica.backend.model_parameters import ModelParameters
 from replica.backend.response_stream import ResponseStream
-from replica.engine.engine_loop import EngineLoop, EngineUnavailableError
+from replica.engine.engine_loop import EngineDeadError, EngineLoop, EngineUnavailableError
 from replica.engine.sampling_params import InvalidRequestError
 
 _log = logging.getLogger("replica.model")
@@ -58,8 +66,13 @@ class TritonPythonModel:
         # Responses go out on one sender thread, in order: a send blocks ~0.3-1 ms on IPC with the
         # server (GIL released), which then overlaps the next engine step instead of delaying it.
         self._sender = ThreadPoolExecutor(max_workers=1, thread_name_prefix="response-sender")
-        self._loop = EngineLoop(self._engine, on_tick=self._on_tick)
+        self._engine_dead_file = parameters.engine_dead_file
+        self._loop = EngineLoop(self._engine, on_tick=self._on_tick, on_dead=self._on_dead)
         self._loop.start()
+        self._fault_trigger = None
+        if parameters.fault_file:
+            self._fault_trigger = FaultTrigger(parameters.fault_file, self._loop.inject_fault)
+            self._fault_trigger.start()
         self._drain_watcher = None
         if parameters.drain_file:
             self._drain_watcher = DrainWatcher(
@@ -82,18 +95,22 @@ class TritonPythonModel:
             try:
                 self._submit(request, sender)
             except InvalidRequestError as exc:
-                _send_error(sender, f"invalid request: {exc}", pb_utils.TritonError.INVALID_ARG)
+                _send_error(sender, f"{error_messages.INVALID_REQUEST} {exc}", pb_utils.TritonError.INVALID_ARG)
+            except EngineDeadError as exc:
+                _send_error(sender, f"{error_messages.ENGINE_DEAD} {exc}", pb_utils.TritonError.UNAVAILABLE)
             except EngineUnavailableError as exc:
-                _send_error(sender, f"unavailable: {exc}", pb_utils.TritonError.UNAVAILABLE)
+                _send_error(sender, f"{error_messages.UNAVAILABLE} {exc}", pb_utils.TritonError.UNAVAILABLE)
             except Exception as exc:  # noqa: BLE001 - one bad request must not fail the batch
                 _log.exception("request failed")
-                _send_error(sender, f"internal error: {exc!r}", None)
+                _send_error(sender, f"{error_messages.REQUEST_FAILED} {exc!r}", pb_utils.TritonError.INTERNAL)
         return None
 
     def finalize(self) -> None:
         _log.info("finalize: stopping the engine loop")
         if self._drain_watcher is not None:
             self._drain_watcher.stop()
+        if self._fault_trigger is not None:
+            self._fault_trigger.stop()
         self._loop.stop()
         self._sender.shutdown(wait=True)  # flush the final responses the loop just produced
         self._metrics.close()  # metrics before their families, before the stub tears down
@@ -144,7 +161,8 @@ class TritonPythonModel:
             _log.exception("sending a response for %s failed; aborting it", stream.request_id)
             self._loop.abort(stream.request_id)
             try:  # Triton must still see a final flag, or the request stays in flight forever
-                stream.fail(f"internal error: sending a response failed: {exc!r}")
+                stream.fail(f"{error_messages.REQUEST_FAILED} sending a response failed: {exc!r}",
+                            pb_utils.TritonError.INTERNAL)
             except Exception:  # noqa: BLE001
                 stream.closed = True
         finally:
@@ -154,6 +172,19 @@ class TritonPythonModel:
     def _forget(self, request_id: str) -> None:
         with self._streams_lock:
             self._streams.pop(request_id, None)
+
+    def _on_dead(self, exc: BaseException) -> None:
+        """Loop thread, once, as it dies (its open requests already got their error outputs)."""
+        _log.error("the engine loop died: %r; this replica serves nothing more", exc)
+        self._sender.submit(self._metrics.set_alive, False)
+        if self._engine_dead_file:
+            try:
+                tmp = self._engine_dead_file + ".tmp"
+                with open(tmp, "w", encoding="utf-8") as f:
+                    f.write(f"{exc!r}\n")
+                os.replace(tmp, self._engine_dead_file)  # atomic: the launcher never reads half
+            except OSError:
+                _log.exception("could not write %s", self._engine_dead_file)
 
     def _on_tick(self, stats) -> None:
         """Loop thread, every tick while busy and once on going idle."""
