@@ -13,7 +13,8 @@ Recommendation = clamp(max(reactive, predictive) + warm pool, min, max), where
 - scale to zero: no load need and no arrival for `scale_to_zero_after_s` -> 0 (warm pool and
   min ignored); any queued request at zero -> at least one at once.
 Cool-downs (no flapping): scale up at most once per `scale_up_cooldown_s` (never delayed from
-zero); scale down only to the highest recommendation of the last `scale_down_cooldown_s`, not
+zero, and never for replacing replicas lost since the last decision: failed, say, after their
+engine died); scale down only to the highest recommendation of the last `scale_down_cooldown_s`, not
 within that long of the last scale up, and not below what the arrival rate needs with 25 %
 headroom (hysteresis).
 """
@@ -72,6 +73,8 @@ class History:
     last_scale_down_at: float | None = None
     # (time, recommended) of earlier decisions, any age; only the cool-down window is used.
     recommendations: tuple[tuple[float, int], ...] = ()
+    # What the latest decision left the fleet at; fewer now means replicas were lost since.
+    last_desired: int | None = None
 
 
 @dataclass(frozen=True)
@@ -139,6 +142,13 @@ def decide(policy: PolicyView, s: Signals, now: float, history: History) -> Deci
         numbers["idle_for_s"] = None  # JSON has no infinity
     if recommended > current:
         since_up = math.inf if history.last_scale_up_at is None else now - history.last_scale_up_at
+        lost = 0 if history.last_desired is None else history.last_desired - current
+        if current > 0 and since_up < policy.scale_up_cooldown_s and lost > 0:
+            # A replacement is no scale up: the fleet goes back to what it was, no further.
+            desired = min(recommended, history.last_desired)
+            return Decision("scale_up", current, recommended, desired,
+                            f"{reason}; replaces {desired - current} lost replica(s) within the "
+                            f"scale-up cool-down", numbers)
         if current > 0 and since_up < policy.scale_up_cooldown_s:
             return Decision("hold", current, recommended, current,
                             f"{reason}; scale-up cool-down ({since_up:.0f}s < "

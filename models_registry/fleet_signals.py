@@ -114,10 +114,12 @@ def history(policy: ScalingPolicy, now: datetime) -> History:
     up = decisions.filter(action=ScalingDecision.Action.SCALE_UP).first()
     down = decisions.filter(action=ScalingDecision.Action.SCALE_DOWN).first()
     window = decisions.filter(at__gte=now - timedelta(seconds=policy.scale_down_cooldown_s))
+    latest = decisions.first()
     return History(
         last_scale_up_at=up.at.timestamp() if up else None,
         last_scale_down_at=down.at.timestamp() if down else None,
-        recommendations=tuple((d.at.timestamp(), d.recommended_replicas) for d in window))
+        recommendations=tuple((d.at.timestamp(), d.recommended_replicas) for d in window),
+        last_desired=latest.desired_replicas if latest else None)
 
 
 def recent_rate(model_version_id: int, now: datetime) -> float:

@@ -87,6 +87,6 @@ class SamplingParams:
         if not isinstance(stop_ids, (list, tuple)):
             raise InvalidRequestError("stop_token_ids must be a list of integers")
         kwargs["stop_token_ids"] = tuple(stop_ids)
-        if "temperature" in kwargs and isinstance(kwargs["temperature"], int):
+        if "temperature" in kwargs and isinstance(kwargs["temperature"], int) and not isinstance(kwargs["temperature"], bool):
             kwargs["temperature"] = float(kwargs["temperature"])
         return cls(**kwargs)

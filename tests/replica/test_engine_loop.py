@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from replica.engine.engine_loop import EngineLoop, EngineUnavailableError
-from replica.engine.request import FinishReason, RequestOutput
+from replica.engine.engine_loop import EngineDeadError, EngineLoop, EngineUnavailableError, InjectedFault
+from replica.engine.request import ErrorKind, FinishReason, RequestOutput
 from replica.engine.sampling_params import InvalidRequestError, SamplingParams
 
 
@@ -315,3 +315,42 @@ def test_a_lighter_newcomer_cuts_the_step_under_way_short_and_a_heavier_one_does
         assert [o.new_token_ids for o in got.outputs["a1"]] == [[1], [2], [3]]  # nothing lost
     finally:
         loop.stop()
+
+
+def test_a_dead_loop_says_so_once_and_refuses_with_engine_dead():
+    engine = ScriptedEngine(fail_on_step=2)
+    deaths: list[BaseException] = []
+    loop = EngineLoop(engine, on_dead=deaths.append)
+    loop.start()
+    got = Collector()
+    loop.submit("a", [1], greedy(100), on_output=got("a"))
+    got.wait("a")
+    final = got.outputs["a"][-1]
+    assert final.error_kind == ErrorKind.ENGINE_DEAD and "kaboom" in final.error
+    loop.stop()  # a stop after the death changes nothing
+    assert loop.is_dead and len(deaths) == 1 and "kaboom" in repr(deaths[0])
+    with pytest.raises(EngineDeadError, match="engine failed"):
+        loop.submit("b", [1], greedy(1), on_output=got("b"))
+
+
+def test_an_injected_fault_kills_the_loop_like_a_bug(engine):
+    deaths: list[BaseException] = []
+    engine.step_sleep_s = 0.001
+    loop = EngineLoop(engine, on_dead=deaths.append)
+    loop.start()
+    got = Collector()
+    loop.submit("a", [1], greedy(10_000), on_output=got("a"))
+    loop.inject_fault("chaos")
+    got.wait("a")
+    assert got.outputs["a"][-1].error_kind == ErrorKind.ENGINE_DEAD
+    assert isinstance(deaths[0], InjectedFault) and "chaos" in str(deaths[0])
+    assert loop.is_dead and not loop.is_accepting
+
+
+def test_engine_side_refusal_is_an_invalid_input_error(engine, loop):
+    engine.refuse_ids.add("bad")
+    got = Collector()
+    loop.submit("bad", [1], greedy(1), on_output=got("bad"))
+    got.wait("bad")
+    assert got.outputs["bad"][-1].error_kind == ErrorKind.INVALID_INPUT
+    assert not loop.is_dead

@@ -1,0 +1,72 @@
+"""How a request's error leaves the replica: the kind picks the Triton code and the message's
+prefix (the platform's contract, replica/backend/error_messages.py). A stand-in for Triton's
+`pb_utils` records what would be sent (pure logic; the real stub is in test_triton_e2e.py)."""
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from replica.backend import error_messages
+from replica.backend.fault_trigger import FaultTrigger
+from replica.backend.response_stream import ResponseStream
+from replica.engine.request import ErrorKind, FinishReason, RequestOutput
+
+
+class FakePb:
+    TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
+
+    class TritonError:
+        INTERNAL, INVALID_ARG, UNAVAILABLE = "INTERNAL", "INVALID_ARG", "UNAVAILABLE"
+
+        def __init__(self, message, code="UNKNOWN"):
+            self.message, self.code = message, code
+
+    class InferenceResponse:
+        def __init__(self, output_tensors, error=None):
+            self.output_tensors, self.error = output_tensors, error
+
+
+class FakeSender:
+    def __init__(self):
+        self.sent = []
+
+    def send(self, response, flags=0):
+        self.sent.append((response, flags))
+
+    def is_cancelled(self):
+        return False
+
+
+def _error_output(kind: ErrorKind | None, message: str) -> RequestOutput:
+    return RequestOutput("r", [], "", True, FinishReason.ABORT, 3, 1, 0, error=message, error_kind=kind)
+
+
+@pytest.mark.parametrize("kind, message, code, prefix", [
+    (ErrorKind.INVALID_INPUT, "invalid request: top_p must be in (0, 1]", "INVALID_ARG", error_messages.INVALID_REQUEST),
+    (ErrorKind.INTERNAL, "request failed: the model produced non-finite logits", "INTERNAL",
+     error_messages.REQUEST_FAILED),
+    (ErrorKind.ENGINE_DEAD, "engine failed: RuntimeError('x')", "UNAVAILABLE", error_messages.ENGINE_FAILED),
+    (None, "something odd", "INTERNAL", error_messages.REQUEST_FAILED),
+])
+def test_each_error_kind_gets_its_code_and_prefix_once(kind, message, code, prefix):
+    sender = FakeSender()
+    stream = ResponseStream(FakePb, sender, "r", stream=True, on_cancel=lambda _: None)
+    stream.on_output(_error_output(kind, message))
+    ((response, flags),) = sender.sent
+    assert flags == FakePb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+    assert response.error.code == code
+    assert response.error.message.startswith(prefix) and response.error.message.count(prefix) == 1
+    assert stream.closed
+
+
+def test_the_fault_trigger_fires_once_with_the_files_text(tmp_path):
+    path = tmp_path / "fault"
+    fired: list[str] = []
+    done = threading.Event()
+    trigger = FaultTrigger(str(path), lambda m: (fired.append(m), done.set()), poll_interval_s=0.01)
+    trigger.start()
+    path.write_text("chaos monkey\n")
+    assert done.wait(5.0)
+    trigger.stop()
+    assert fired == ["chaos monkey"]
