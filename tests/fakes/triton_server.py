@@ -9,7 +9,11 @@ the prompt text:
   [slow]           0.05 s between tokens (time for a client to disconnect mid-stream)
   [die-after-2]    two tokens, then an error
   [stop]           finish_reason "stop" after 3 tokens
-Server-wide: `fail_all=True` fails every request before its first token.
+  [request-failed] error "request failed: ..." (this request failed alone inside the engine)
+  [kill-engine]    error "engine failed: ..." (the engine died serving it); from then on the
+                   fake's engine is dead (`engine_dead`)
+Server-wide: `fail_all=True` fails every request before its first token; `engine_dead=True`
+refuses every request with "engine dead: ..." (what a replica whose engine died answers).
 It serves `replica_running_seqs`/`replica_waiting_seqs` on a tiny HTTP metrics endpoint, like
 the real replica.
 
@@ -74,6 +78,7 @@ def error_response(message: str):
 @dataclass
 class FakeState:
     fail_all: bool = False
+    engine_dead: bool = False
     num_running: int = 0
     num_requests: int = 0
     requests: list[dict] = field(default_factory=list)  # decoded inputs, for assertions
@@ -124,8 +129,18 @@ class FakeTriton(service_pb2_grpc.GRPCInferenceServiceServicer):
         if request.model_name != self.model_name:
             await queue.put(error_response(f"Request for unknown model: '{request.model_name}'"))
             return
+        if self.state.engine_dead:
+            await queue.put(error_response("engine dead: the engine failed: RuntimeError('fake')"))
+            return
         if "[invalid]" in text:
             await queue.put(error_response("invalid request: the fake refuses this prompt"))
+            return
+        if "[request-failed]" in text:
+            await queue.put(error_response("request failed: the model produced non-finite logits"))
+            return
+        if "[kill-engine]" in text:
+            self.state.engine_dead = True
+            await queue.put(error_response("engine failed: RuntimeError('fake kernel fault')"))
             return
         if self.state.fail_all or "[fail]" in text:
             await queue.put(error_response("engine failure (fake)"))

@@ -159,3 +159,19 @@ def test_scale_down_keeps_headroom_over_the_rate():
     # 3.5 rps on replicas of 2 rps: 2 are needed, but 2 x 2 < 3.5 x 1.25, so 3 stay.
     d = decide(POLICY, Signals(4, 0, request_rate_rps=3.5), 1000.0, History())
     assert d.action == "scale_down" and d.desired == 3 and d.numbers["with_headroom"] == 3
+
+
+def test_a_lost_replica_is_replaced_within_the_scale_up_cool_down():
+    history = History(last_scale_up_at=95.0, last_desired=3)
+    # One of three failed (its engine died) 5 s after a scale up: back to three at once.
+    d = decide(POLICY, Signals(num_ready=2, num_loading=0, queue_depth=8), 100.0, history)
+    assert d.action == "scale_up" and d.desired == 3 and "replaces 1 lost" in d.reason
+    # More load than that still waits for the cool-down: a replacement is no scale up.
+    d = decide(POLICY, Signals(num_ready=2, num_loading=0, queue_depth=40), 100.0, history)
+    assert d.desired == 3
+    # The one replica of a min-1 version failed: replaced (from zero, never delayed).
+    d = decide(POLICY, Signals(num_ready=0, num_loading=0), 100.0, History(last_scale_up_at=99.0, last_desired=1))
+    assert d.action == "scale_up" and d.desired == 1
+    # Nothing lost, within the cool-down: hold as before.
+    d = decide(POLICY, Signals(num_ready=3, num_loading=0, queue_depth=40), 100.0, history)
+    assert d.action == "hold"

@@ -5,7 +5,9 @@ from contextlib import aclosing
 import pytest
 
 from inference.replica_client import (
+    ReplicaDead,
     ReplicaRejected,
+    ReplicaRequestFailed,
     ReplicaRequest,
     ReplicaStreamError,
     ReplicaUnavailable,
@@ -73,4 +75,17 @@ async def test_a_silent_replica_times_out(fake_replica):
     client = TritonReplicaClient(first_token_timeout=10, token_timeout=0.01)
     with pytest.raises(ReplicaUnavailable, match="no response"):
         await collect(client, fake_replica.grpc_address, request("[slow]", max_tokens=50))
+    await client.close()
+
+
+async def test_engine_and_request_faults_are_told_apart(fake_replica):
+    client = TritonReplicaClient(first_token_timeout=10, token_timeout=10)
+    with pytest.raises(ReplicaRequestFailed, match="non-finite"):
+        await collect(client, fake_replica.grpc_address, request("[request-failed]"))
+    with pytest.raises(ReplicaDead) as in_flight:
+        await collect(client, fake_replica.grpc_address, request("[kill-engine]"))
+    assert in_flight.value.in_flight and "fake kernel fault" in str(in_flight.value)
+    with pytest.raises(ReplicaDead) as refused:
+        await collect(client, fake_replica.grpc_address, request())
+    assert not refused.value.in_flight
     await client.close()
