@@ -250,6 +250,31 @@ async def test_prompt_over_the_context_window_errors(replica):
     assert fine.error is None and fine.num_output_tokens == 4
 
 
+@pytest.mark.asyncio
+async def test_extreme_sampling_values_then_a_normal_request_on_the_same_replica(replica):
+    """Values inside every documented range that once killed the engine (temperature 1e-45
+    divided the logits into inf and the softmax into NaN): each request is answered and the
+    replica goes on serving."""
+    client = grpc_aio.InferenceServerClient(replica.grpc_url)
+    extreme = [
+        {"temperature": 1e-45}, {"temperature": 5e-324}, {"temperature": 1e-5, "seed": 1},
+        {"temperature": 1.0, "top_p": 1e-45, "seed": 2}, {"top_k": 10**18, "temperature": 1.0, "seed": 3},
+        {"temperature": 100.0, "top_k": 1 << 40, "top_p": 1e-45, "seed": 4},
+        {"temperature": 0.7, "seed": (1 << 200) + 5}, {"temperature": 0.7, "seed": -(1 << 70)},
+    ]
+    results = await asyncio.gather(*(
+        generate(client, PROMPTS[7], raw_params=json.dumps({"max_tokens": 4, "ignore_eos": True, **params}))
+        for params in extreme))
+    greedy = await generate(client, PROMPTS[7], 4)
+    normal = await generate(client, PROMPTS[8], 8)
+    await client.close()
+    for params, result in zip(extreme, results):
+        assert result.error is None and result.num_output_tokens == 4, (params, result)
+    assert results[0].text == results[1].text == greedy.text  # below the floor is greedy
+    assert normal.error is None and normal.finish_reason == "length" and normal.num_output_tokens == 8
+    assert scrape(replica.metrics_url)["engine_alive"] == 1.0
+
+
 def test_non_streaming_http_generate_returns_the_whole_text_with_the_prompt(replica):
     """stream=false: one response, so Triton's plain HTTP /generate works; like the vLLM backend,
     the prompt is then included unless exclude_input_in_output is true."""
