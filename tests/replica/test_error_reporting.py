@@ -70,3 +70,41 @@ def test_the_fault_trigger_fires_once_with_the_files_text(tmp_path):
     assert done.wait(5.0)
     trigger.stop()
     assert fired == ["chaos monkey"]
+
+
+class FakeFamily:
+    GAUGE, COUNTER = "gauge", "counter"
+    metrics: list = []
+
+    def __init__(self, name, description, kind):
+        self.name = name
+
+    def Metric(self, labels):  # noqa: N802 - pb_utils' name
+        metric = FakeMetric(self.name)
+        FakeFamily.metrics.append(metric)
+        return metric
+
+
+class FakeMetric:
+    def __init__(self, name):
+        self.name, self.value = name, 0.0
+
+    def set(self, value):
+        self.value = value
+
+    def increment(self, value):
+        self.value += value
+
+
+def test_the_engine_alive_gauge_is_1_until_the_engine_dies():
+    from replica.backend.engine_metrics import ALIVE, EngineMetrics
+
+    pb = type("Pb", (), {"MetricFamily": FakeFamily})
+    FakeFamily.metrics = []
+    metrics = EngineMetrics(pb, {"model": "m", "version": "1"}, {"dtype": "float32", "quantization": "none"})
+    (alive,) = [m for m in FakeFamily.metrics if m.name == ALIVE]
+    assert alive.value == 1.0
+    metrics.set_alive(False)
+    assert alive.value == 0.0
+    metrics.close()
+    metrics.set_alive(True)  # after close: a no-op, never a crash
