@@ -8,8 +8,8 @@ Invariants (no request's values can fail another's, or the step):
 - sampling computes in float32 whatever the model's dtype;
 - a temperature below `sampling_params.GREEDY_TEMPERATURE` is greedy (SamplingParams.greedy):
   dividing by it would overflow the logits to inf and the softmax to NaN;
-- a row whose logits hold NaN or +inf (the model's fault, never the request's) fails that row
-  alone: `sample` returns a `SampleError` in its place;
+- a row whose logits hold NaN or +inf, or only -inf (the model's fault, never the request's),
+  fails that row alone: `sample` returns a `SampleError` in its place;
 - a row whose distribution turns out degenerate after temperature, top-k and top-p (no finite
   positive mass) falls back to its greedy token: the limit it was heading to;
 - an unexpected exception while sampling one row fails that row alone.
@@ -85,9 +85,12 @@ class Sampler:
     ) -> list[int | SampleError]:
         """One token per row, or a SampleError for a row that cannot be sampled."""
         logits = logits.float()
-        # NaN or +inf anywhere in a row: the model produced garbage for it (-inf is a mask).
-        bad_rows = (torch.isnan(logits) | torch.isposinf(logits)).any(dim=-1).tolist()
+        # A row's max is NaN if any logit is, +inf if any is, -inf if all are: the model produced
+        # garbage for that row (one reduction; a -inf logit alone is just a mask).
+        bad_rows = (~torch.isfinite(logits.amax(dim=-1))).tolist()
         greedy_rows = [i for i, p in enumerate(params) if p.greedy and not bad_rows[i]]
+        if len(greedy_rows) == len(params):
+            return torch.argmax(logits, dim=-1).tolist()
         tokens: list[int | SampleError] = [0] * len(params)
         if greedy_rows:
             picked = torch.argmax(logits[greedy_rows], dim=-1).tolist()
