@@ -334,6 +334,11 @@ class EngineLoop:
         except InvalidRequestError as exc:
             self._finish_with(command.request_id, _error_output(
                 command.request_id, f"invalid request: {exc}", ErrorKind.INVALID_INPUT))
+        except Exception as exc:  # noqa: BLE001 - one request's admission must not kill the loop
+            self._log.exception("adding request %s failed", command.request_id)
+            self._engine.abort_request(command.request_id)  # whatever part of it got in
+            self._finish_with(command.request_id, _error_output(
+                command.request_id, f"request failed: {exc!r}", ErrorKind.INTERNAL))
 
     def _abort(self, request_id: str) -> None:
         with self._cond:

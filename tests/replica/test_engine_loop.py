@@ -23,6 +23,7 @@ class ScriptedEngine:
         self.step_sleep_s = step_sleep_s
         self.fail_on_step = fail_on_step
         self.refuse_ids: set[str] = set()
+        self.crash_ids: set[str] = set()
 
     def _touch(self) -> None:
         self.caller_threads.add(threading.current_thread().name)
@@ -31,6 +32,8 @@ class ScriptedEngine:
         self._touch()
         if request_id in self.refuse_ids:
             raise InvalidRequestError("refused by the engine")
+        if request_id in self.crash_ids:
+            raise KeyError("a bug on admission")
         self.requests[request_id] = [len(prompt_token_ids), sampling_params.max_tokens, 0]
 
     def abort_request(self, request_id):
@@ -354,3 +357,14 @@ def test_engine_side_refusal_is_an_invalid_input_error(engine, loop):
     got.wait("bad")
     assert got.outputs["bad"][-1].error_kind == ErrorKind.INVALID_INPUT
     assert not loop.is_dead
+
+
+def test_a_bug_while_admitting_one_request_fails_it_alone(engine, loop):
+    engine.crash_ids.add("odd")
+    got = Collector()
+    loop.submit("odd", [1], greedy(2), on_output=got("odd"))
+    loop.submit("fine", [1], greedy(2), on_output=got("fine"))
+    got.wait("odd", "fine")
+    (only,) = got.outputs["odd"]
+    assert only.error_kind == ErrorKind.INTERNAL and "a bug on admission" in only.error
+    assert got.outputs["fine"][-1].error is None and not loop.is_dead
