@@ -124,6 +124,15 @@ def test_copied_sources_are_in_the_build_context():
                 assert not dockerignored(path), f"{path} is copied but .dockerignore excludes it"
 
 
+def test_every_platform_package_is_in_the_images():
+    """A new top-level package (a Django app, say) must be copied into the images too."""
+    source = stages()["source"]
+    copied = {src for _, srcs, _ in source.copies for src in srcs}
+    packages = {path.parent.name for path in REPO.glob("*/__init__.py")}
+    assert packages - {"tests", "benchmarks", "scripts"} <= copied
+    assert {"manage.py", "templates", "deploy/bin"} <= copied
+
+
 @pytest.mark.parametrize("path", ["tests", "benchmarks", "requirements/dev.txt", ".venv", "var",
                                   ".git", "inference/__pycache__/x.pyc"])
 def test_tests_benchmarks_and_local_state_stay_out_of_images(path):
