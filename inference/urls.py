@@ -1,6 +1,6 @@
 from django.urls import path
 
-from inference.views.catalog import healthz_view, models_view, readyz_view
+from inference.views.catalog import healthz_view, models_view, readyz_view, web_readyz_view
 from inference.views.generation import chat_completions_view, completions_view, generate_view
 from inference.views.metrics import metrics_view
 
@@ -11,5 +11,6 @@ urlpatterns = [
     path("v1/models", models_view),
     path("healthz", healthz_view),
     path("readyz", readyz_view),
+    path("readyz/web", web_readyz_view),
     path("metrics", metrics_view),
 ]

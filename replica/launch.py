@@ -11,6 +11,7 @@ failed and the fleet replaces it.
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import threading
@@ -36,7 +37,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--weights", default="", help="GGUF file or Hugging Face directory (default: bundled SmolLM2)")
     parser.add_argument("--dtype", choices=("auto", "bfloat16", "float32"), default=defaults.dtype,
                         help="auto: bfloat16 on CUDA; on a CPU the faster of bfloat16 and float32 (measured at load)")
-    parser.add_argument("--device", choices=("cpu", "cuda"), default=defaults.device)
+    # A node agent's replicas inherit its environment: REPLICA_DEVICE=cuda on a GPU node.
+    parser.add_argument("--device", choices=("cpu", "cuda"),
+                        default=os.environ.get("REPLICA_DEVICE") or defaults.device,
+                        help="default: $REPLICA_DEVICE, else cpu")
     parser.add_argument("--quantization", type=quantization_arg, default=defaults.quantization,
                         help="weights: none (the dtype above) | int8 (per output channel, quantised at load); "
                              "a ModelVersion.quantization value, '' meaning none. int4 is not built")
@@ -50,7 +54,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--workdir", type=Path, default=None, help="default: a temporary directory")
     parser.add_argument("--drain-grace-s", type=float, default=defaults.drain_grace_s)
     parser.add_argument("--ready-timeout-s", type=float, default=600.0)
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.device not in ("cpu", "cuda"):  # argparse does not check a default against choices
+        parser.error(f"REPLICA_DEVICE must be cpu or cuda, not {args.device!r}")
+    return args
 
 
 def spec_from_args(args: argparse.Namespace) -> ReplicaSpec:

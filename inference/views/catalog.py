@@ -1,4 +1,14 @@
-"""GET /v1/models, /healthz, /readyz."""
+"""GET /v1/models, /healthz, /readyz, /readyz/web.
+
+Three probes, three questions:
+- `/healthz`: the process is up (answers without touching anything; a liveness probe).
+- `/readyz/web`: this web process can serve, i.e. it reaches PostgreSQL and Redis (a web pod's
+  readiness probe). It never depends on replicas: with scale to zero and no replica ready, the
+  web pods must stay in service so that requests reach the admission queue and the autoscaler
+  sees the demand.
+- `/readyz`: the platform can answer a generation now: PostgreSQL, Redis and at least one ready
+  replica (scripts, benchmarks and outside monitors; never a web pod's readiness probe).
+"""
 from __future__ import annotations
 
 from asgiref.sync import sync_to_async
@@ -32,18 +42,31 @@ def _database_ok() -> bool:
         return False
 
 
-@api_endpoint("GET")
-async def readyz_view(request):
-    container = current_container()
+async def _web_checks() -> dict[str, bool]:
     checks = {"database": await sync_to_async(_database_ok)()}
     try:
-        checks["redis"] = bool(await container.redis.ping())
+        checks["redis"] = bool(await current_container().redis.ping())
     except Exception:  # noqa: BLE001
         checks["redis"] = False
+    return checks
+
+
+def _readiness(checks: dict[str, bool]) -> JsonResponse:
+    ready = all(checks.values())
+    return JsonResponse({"status": "ready" if ready else "not_ready", "checks": checks},
+                        status=200 if ready else 503)
+
+
+@api_endpoint("GET")
+async def web_readyz_view(request):
+    return _readiness(await _web_checks())
+
+
+@api_endpoint("GET")
+async def readyz_view(request):
+    checks = await _web_checks()
     try:
         checks["replica"] = checks["database"] and await any_ready_replica()
     except Exception:  # noqa: BLE001
         checks["replica"] = False
-    ready = all(checks.values())
-    return JsonResponse({"status": "ready" if ready else "not_ready", "checks": checks},
-                        status=200 if ready else 503)
+    return _readiness(checks)
