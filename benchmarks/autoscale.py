@@ -9,7 +9,7 @@ autoscaler, side by side in one run.
 2. Replay a day compressed into `--day-minutes` (night trough, morning ramp, lunch spike,
    afternoon, evening decline) with Poisson arrivals, in a discrete-event simulation of the
    fleet (benchmarks/fleet_sim.py) whose every decision is made by the platform's own
-   autoscaler code (models_registry.autoscaler.decide, models_registry.forecast). The fleet is
+   autoscaler code (fleet.scaling_decision.decide, fleet.forecast). The fleet is
    SIMULATED from the measured parameters: on 2 CPU cores more real replicas add no capacity.
    The predictive autoscaler's profile is learned from the recorded day (its rate samples).
 3. Report, for both: TTFT p99 of requests that arrived during the ramps (morning ramp and the
@@ -32,8 +32,8 @@ import time
 from pathlib import Path
 
 from benchmarks.fleet_sim import ReplicaModel, percentile, simulate
-from models_registry.autoscaler import PolicyView
-from models_registry.forecast import build_profile
+from fleet.scaling_decision import PolicyView
+from fleet.forecast import build_profile
 
 HOUR = 1.0 / 24.0
 PROMPT = "Write one short sentence about the sea, then stop."
@@ -213,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     report = {
         "note": ("fleet SIMULATED from one real replica's measured parameters (2 CPU cores: more "
                  "real replicas add no capacity); every scaling decision is the platform's own "
-                 "autoscaler code (models_registry.autoscaler.decide + forecast) on a simulated "
+                 "autoscaler code (fleet.scaling_decision.decide + forecast) on a simulated "
                  "clock; the day is compressed into day_minutes, load and service times are real "
                  "seconds"),
         "reactive": result["reactive"],

@@ -6,7 +6,7 @@ here. What is simulated: Poisson arrivals at a day's rate curve, a shared FIFO a
 (bounded; a request waiting past the tier's bound is refused), replicas that each run `slots`
 requests at once for `service_s` each (TTFT = queue wait + `ttft_s`), replicas that take
 `load_s` to become ready and drain before they stop. What is NOT simulated: the decision, which
-is `models_registry.autoscaler.decide` with the forecast of `models_registry.forecast`, fed the
+is `fleet.scaling_decision.decide` with the forecast of `fleet.forecast`, fed the
 same signals the Celery task computes (queue depth, outstanding tokens, TTFT p90, arrival rate,
 idle time, measured load time, the forecast's peak over the coming load window).
 """
@@ -20,8 +20,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 
-from models_registry.autoscaler import History, PolicyView, Signals, decide
-from models_registry.forecast import TimeOfDayProfile
+from fleet.scaling_decision import History, PolicyView, Signals, decide
+from fleet.forecast import TimeOfDayProfile
 
 TTFT_WINDOW_S = 20.0  # the compressed day's equivalent of the task's one-minute window
 RATE_WINDOW_TICKS = 3  # the arrival rate is the mean over the last ticks (fleet_signals.recent_rate)

@@ -1,10 +1,13 @@
 """Staff (account managers) see every tenant's usage and invoices and export them as CSV.
 Nothing here edits usage or issued invoices."""
 from django.contrib import admin
+from django.utils import timezone
 
 from billing.admin_paginator import EstimatedCountPaginator
 from billing.csv_export import csv_response
 from billing.models import Invoice, InvoiceLine, Price, UsageHourly, UsageRecord
+from models_registry.admin import ModelVersionAdmin
+from models_registry.models import ModelVersion
 
 USAGE_COLUMNS = ["request_id", "tenant_id", "api_key_id", "model_name", "model_version_id",
                  "replica_id", "input_tokens", "cached_tokens", "output_tokens", "ttft_ms",
@@ -98,3 +101,37 @@ class PriceAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request, obj=None):
         return False
+
+
+class PriceInline(admin.TabularInline):
+    """Prices are added in Billing > Prices (never edited); listed here for reference."""
+
+    model = Price
+    extra = 0
+    can_delete = False
+    fields = ("effective_from", "input_per_million", "cached_input_per_million",
+              "output_per_million", "currency")
+    readonly_fields = fields
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+
+# The catalogue (models_registry, a lower layer) knows nothing of prices: billing adds them to
+# its version page. billing's admin module loads after models_registry's (INSTALLED_APPS order).
+admin.site.unregister(ModelVersion)
+
+
+@admin.register(ModelVersion)
+class PricedModelVersionAdmin(ModelVersionAdmin):
+    list_display = ("model", "version", "state", "quantization", "context_length",
+                    "price_now", "created_at")
+    inlines = [PriceInline, *ModelVersionAdmin.inlines]
+
+    @admin.display(description="price now (input / output per 1M tokens)")
+    def price_now(self, version):
+        price = (Price.objects.filter(model_version=version, effective_from__lte=timezone.now())
+                 .order_by("-effective_from").first())
+        if price is None:
+            return "-"
+        return f"{price.input_per_million} / {price.output_per_million} {price.currency}"

@@ -1,7 +1,7 @@
 """The rollout page in the staff console: the evaluator's evidence laid out, and buttons that
-pause, resume, promote or roll back (each a POST calling models_registry.rollouts.services).
+pause, resume, promote or roll back (each a POST calling rollouts.services).
 
-Extends models_registry.rollout_admin.RolloutAdmin (re-registered here; this app comes later in
+Extends rollouts.admin.RolloutAdmin (re-registered here; this app comes later in
 INSTALLED_APPS), so its list, history with each step's evidence and bulk actions stay."""
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ from django.urls import path, reverse
 from django.utils.html import format_html, format_html_join
 from django.views.decorators.http import require_POST
 
-from models_registry.rollout_admin import RolloutAdmin
-from models_registry.rollout_models import Rollout
-from models_registry.rollouts import services
+from rollouts.admin import RolloutAdmin
+from rollouts.models import Rollout
+from rollouts import services
 
 # verb in the URL -> (service, label, states it applies to)
 ACTIONS = {

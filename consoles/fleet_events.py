@@ -2,7 +2,7 @@
 
 Every save of a Replica publishes the replica's row after the transaction commits. State
 changes of the health check, node agents and autoscaler go through
-`models_registry.lifecycle.transition`, which saves the row; admin edits save it too. A channel
+`fleet.lifecycle.transition`, which saves the row; admin edits save it too. A channel
 layer that is down never fails the save: the page shows a stale row until the next change, and
 says so when its socket drops.
 """

@@ -7,18 +7,30 @@ Sticky key, first that applies (README, "Canary rollouts"):
    without the client doing anything;
 3. the Idempotency-Key (its retries are the same request);
 4. the prompt of /v1/completions.
-The key is hashed with the tenant and the rollout id (models_registry/rollouts/split.py).
+The key is hashed with the tenant and the rollout id (inference/canary_split.py).
+
+The rollout itself is read through `inference.hooks.rollout_source` (rollouts connects it):
+the request path does not import the rollouts app.
 """
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Callable
+from typing import Awaitable, Callable
 
+from inference.canary_split import to_canary
 from inference.schemas import GenerationRequest
-from models_registry.rollouts.selectors import LiveRollout, live_rollout
-from models_registry.rollouts.split import to_canary
 from models_registry.selectors import ServingVersion
+
+
+@dataclass(frozen=True)
+class LiveRollout:
+    """A model's running or paused rollout, as the request path needs it."""
+
+    rollout_id: int
+    percent: float  # 0..100 of the model's traffic goes to `canary`
+    stable_version_id: int
+    canary: ServingVersion
 
 
 def sticky_key(request: GenerationRequest, conversation_id: str | None,
@@ -45,9 +57,12 @@ class VersionChoice:
 
 
 class RolloutCatalog:
-    """`live_rollout` per model, read from PostgreSQL at most every `ttl_seconds`."""
+    """`read(model_name)` per model, at most every `ttl_seconds` (`read` is
+    `inference.hooks.rollout_source` in production)."""
 
-    def __init__(self, clock: Callable[[], float], ttl_seconds: float):
+    def __init__(self, clock: Callable[[], float], ttl_seconds: float,
+                 read: Callable[[str], Awaitable[LiveRollout | None]]):
+        self._read = read
         self._clock = clock
         self._ttl = ttl_seconds
         self._cached: dict[str, tuple[float, LiveRollout | None]] = {}
@@ -57,7 +72,7 @@ class RolloutCatalog:
         hit = self._cached.get(model_name)
         if hit is not None and now - hit[0] < self._ttl:
             return hit[1]
-        rollout = await live_rollout(model_name)
+        rollout = await self._read(model_name)
         if len(self._cached) > 10_000:
             self._cached.clear()
         self._cached[model_name] = (now, rollout)

@@ -18,6 +18,7 @@ from django.conf import settings
 
 from inference.admission import ADMISSION_POLICIES, AdmissionQueue
 from inference.canary import RolloutCatalog
+from inference.hooks import rollout_source
 from inference.idempotency import IdempotencyStore
 from inference.replica_client import ReplicaClient
 from inference.circuit import CircuitBreaker
@@ -33,7 +34,7 @@ from inference.router import (
 from inference.routing_stats import RoutingStats
 from inference.tokenization import TokenizerCache
 from inference.triton_client import TritonReplicaClient
-from models_registry.rollouts.fallbacks import FallbackRecorder
+from inference.fallbacks import FallbackRecorder
 from tenants.buckets import TokenBuckets
 from tenants.selectors import LimitsCache
 
@@ -107,7 +108,7 @@ def build_container(tokenizers: TokenizerCache) -> Container:
                                  ADMISSION_POLICIES[settings.ADMISSION_POLICY](),
                                  max_queue=settings.ADMISSION_MAX_QUEUE),
         signal_poller=poller,
-        rollouts=RolloutCatalog(clock, settings.REGISTRY_CACHE_TTL_SECONDS),
+        rollouts=RolloutCatalog(clock, settings.REGISTRY_CACHE_TTL_SECONDS, rollout_source),
         # Wall-clock minutes: the evaluator reads them in another process.
         fallbacks=FallbackRecorder(redis, prefix, time.time),
     )

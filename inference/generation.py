@@ -42,7 +42,7 @@ from inference.replica_client import (
 from inference.prefix_index import prompt_block_hashes
 from inference.router import NoReplicaReady, RouteRequest
 from models_registry.selectors import can_cold_start
-from models_registry.rollouts.fallbacks import FAILED, UNAVAILABLE
+from inference.fallbacks import FAILED, UNAVAILABLE
 
 logger = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ from inference.errors import (
 from inference.idempotency import Claim, Replay, fingerprint, validate_key
 from inference.quota import Charge, admit, current_headers
 from inference.schemas import GenerationRequest, parse_request
-from models_registry.rollouts.fallbacks import FAILED, UNAVAILABLE
+from inference.fallbacks import FAILED, UNAVAILABLE
 from models_registry.selectors import ServingVersion
 from tenants.auth import AuthenticationFailed, Principal, authenticate, bearer_token
 

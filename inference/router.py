@@ -11,7 +11,7 @@ every platform process:
 - the circuit breaker per replica (inference/circuit.py): open circuits get nothing; a
   half-open one gets exactly one probe request, ahead of the policy.
 A replica whose engine died (`dead`) is dropped at once: its circuit trips open (every platform
-process), this process forgets it, and the registry marks it failed (models_registry/health.py).
+process), this process forgets it, and the registry marks it failed (fleet/health_check.py).
 Only `ready` replicas are candidates (the registry's state; a draining replica finishes its
 streams but gets nothing new).
 
@@ -26,6 +26,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Callable
 
+from inference.hooks import engine_died
 from inference.circuit import HALF_OPEN, OPEN, CircuitBreaker
 from inference.policies import (  # noqa: F401 - re-exported: the router's public names
     DEFAULT_POLICY,
@@ -38,7 +39,6 @@ from inference.policies import (  # noqa: F401 - re-exported: the router's publi
 from inference.prefix_index import PrefixIndex
 from inference.replica_signals import SignalPoller, SignalStore
 from inference.routing_stats import RoutingStats
-from models_registry.health import report_engine_dead
 from models_registry.selectors import ReplicaInfo, ServingVersion, ready_replicas, serving_version
 
 logger = logging.getLogger(__name__)
@@ -263,7 +263,8 @@ class Router:
         await self.state.circuit.trip(rid)
         await self.state.stats.add(lease.model_version_id, rid, lease.policy, failures=1, circuit_opened=1)
         await self.state.prefix_index.forget(lease.model_version_id, lease.block_hashes, rid)
-        if await report_engine_dead(rid, reason):
+        answers = await engine_died.asend(sender=Router, replica_id=rid, reason=reason)
+        if any(marked is True for _, marked in answers):
             logger.error("replica %s: engine died (%s); marked failed", rid, reason)
 
     async def finished(self, lease: Lease, num_prompt_tokens: int, num_cached_tokens: int) -> None:

@@ -3,6 +3,7 @@ from django.urls import path
 from inference.views.catalog import healthz_view, models_view, readyz_view, web_readyz_view
 from inference.views.generation import chat_completions_view, completions_view, generate_view
 from inference.views.metrics import metrics_view
+from inference.views.usage import usage_view
 
 urlpatterns = [
     path("v1/generate", generate_view),
@@ -13,4 +14,5 @@ urlpatterns = [
     path("readyz", readyz_view),
     path("readyz/web", web_readyz_view),
     path("metrics", metrics_view),
+    path("v1/usage", usage_view),  # reads billing's roll-ups; a view of the API, so it lives here
 ]

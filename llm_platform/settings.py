@@ -30,9 +30,12 @@ INSTALLED_APPS = [
     "rest_framework",
     "channels",
     "tenants",
+    # The layering, lowest first (docs/architecture.md; .importlinter checks it).
     "models_registry",
-    "inference",
     "billing",
+    "inference",
+    "fleet",
+    "rollouts",
     "dashboard",
     "consoles",  # last: its post_migrate sets up the role groups once every permission exists
 ]
@@ -104,7 +107,7 @@ CELERY_RESULT_BACKEND = None
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_BEAT_SCHEDULE = {
     "replica-health": {
-        "task": "models_registry.tasks.check_replica_health",
+        "task": "fleet.tasks.check_replica_health",
         "schedule": env_float("REPLICA_HEALTH_INTERVAL_SECONDS", 10.0),
     },
 }
@@ -120,11 +123,11 @@ AUTOSCALER_INTERVAL_SECONDS = env_float("AUTOSCALER_INTERVAL_SECONDS", 5.0)
 COLD_START_MAX_WAIT_SECONDS = env_float("COLD_START_MAX_WAIT_SECONDS", 180.0)
 CELERY_BEAT_SCHEDULE.update({
     "autoscale": {
-        "task": "models_registry.tasks.autoscale",
+        "task": "fleet.tasks.autoscale",
         "schedule": AUTOSCALER_INTERVAL_SECONDS,
     },
     "detect-lost-nodes": {
-        "task": "models_registry.tasks.detect_lost_nodes_task",
+        "task": "fleet.tasks.detect_lost_nodes_task",
         "schedule": env_float("LOST_NODE_CHECK_INTERVAL_SECONDS", 5.0),
     },
 })
@@ -246,7 +249,7 @@ ROLLOUT_EVALUATE_INTERVAL_SECONDS = env_float("ROLLOUT_EVALUATE_INTERVAL_SECONDS
 ROLLOUT_PROBE_TIMEOUT_SECONDS = env_float("ROLLOUT_PROBE_TIMEOUT_SECONDS", 120.0)
 CELERY_BEAT_SCHEDULE.update({
     "rollout-evaluator": {
-        "task": "models_registry.tasks.evaluate_rollouts",
+        "task": "rollouts.tasks.evaluate_rollouts",
         "schedule": ROLLOUT_EVALUATE_INTERVAL_SECONDS,
     },
 })

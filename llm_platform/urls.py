@@ -14,7 +14,6 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("dashboard/", include("dashboard.urls")),
     path("", include("inference.urls")),
-    path("", include("billing.urls")),
 ]
 
 handler404 = json_not_found

@@ -1,4 +1,10 @@
-"""What can be served (Model, ModelVersion) and where it runs (Node, Replica)."""
+"""The catalogue: what can be served (Model, ModelVersion), how each version is to be scaled
+(ScalingPolicy) and where it runs (Node, Replica).
+
+The request path reads these rows (inference routes to `ready` replicas); the fleet (fleet/)
+writes Node and Replica rows and acts on ScalingPolicy; rollouts (rollouts/) change versions'
+states. See docs/architecture.md, "Layering".
+"""
 from __future__ import annotations
 
 from django.db import models
@@ -130,13 +136,41 @@ class Replica(models.Model):
         return f"{self.model_version} @ {self.grpc_address} ({self.state})"
 
 
-# The fleet's own tables (scaling policy, transitions, decisions, rate samples) live in
-# fleet_models.py; importing them here registers them with the app.
-from models_registry.fleet_models import (  # noqa: E402,F401
-    RateSample,
-    ReplicaTransition,
-    ScalingDecision,
-    ScalingPolicy,
-)
-# Canary rollouts live in their own module; imported here so Django registers them.
-from models_registry.rollout_models import Rollout, RolloutStep  # noqa: E402,F401
+class ScalingPolicy(models.Model):
+    """How one model version scales. A version without a policy (or with `enabled` off) is left
+    alone by the autoscaler: its replicas are whatever was registered by hand."""
+
+    model_version = models.OneToOneField(ModelVersion, on_delete=models.CASCADE,
+                                         related_name="scaling_policy")
+    enabled = models.BooleanField(default=True)
+    min_replicas = models.PositiveIntegerField(default=1)
+    max_replicas = models.PositiveIntegerField(default=4)
+    # Ready replicas kept idle on top of what the load needs (absorb a burst while more load).
+    warm_pool_size = models.PositiveIntegerField(default=0)
+    # With no traffic for `scale_to_zero_after_s`, go to zero replicas (min_replicas ignored);
+    # requests that arrive then wait in the queue while the first replica loads.
+    scale_to_zero = models.BooleanField(default=False)
+    scale_to_zero_after_s = models.FloatField(default=300.0)
+    predictive = models.BooleanField(default=True)  # use the time-of-day forecast
+    # Reactive targets, per ready replica.
+    target_queue_depth = models.PositiveIntegerField(default=4)
+    target_outstanding_tokens = models.PositiveIntegerField(default=4096)
+    # What one replica sustains (requests/s) at the tier targets: sizes the fleet from a rate.
+    replica_capacity_rps = models.FloatField(default=1.0)
+    scale_up_cooldown_s = models.FloatField(default=15.0)
+    # Scale down only to the highest recommendation of this window (no flapping).
+    scale_down_cooldown_s = models.FloatField(default=120.0)
+    # Forecast: the period of the profile (a day; shorter in benchmarks) and its bin width.
+    forecast_period_s = models.FloatField(default=86400.0)
+    forecast_bin_s = models.FloatField(default=300.0)
+    # Replica size, reserved on its node at placement.
+    replica_cpu_slots = models.PositiveIntegerField(default=1)
+    replica_memory_mib = models.PositiveIntegerField(default=1024)
+    # Load time (start -> ready) assumed until a replica of this version was measured.
+    default_load_seconds = models.FloatField(default=60.0)
+
+    class Meta:
+        verbose_name_plural = "scaling policies"
+
+    def __str__(self) -> str:
+        return f"scaling of {self.model_version}"

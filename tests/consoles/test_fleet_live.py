@@ -9,7 +9,7 @@ from django.utils import timezone
 from llm_platform.asgi import application
 from models_registry.models import Replica
 from models_registry.services import register_replica, set_replica_state
-from models_registry.lifecycle import transition
+from fleet.lifecycle import transition
 from tests.platform.conftest import container_cleanup  # noqa: F401 (closes DB connections)
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.django_db(transaction=True)]

@@ -127,7 +127,7 @@ def test_migrate_sets_up_the_roles(transactional_db):
 def test_operator_drains_a_replica_through_the_lifecycle(operator, model_version):
     """The replica list changes states only by actions that go through lifecycle.transition:
     each change is checked and recorded with who made it; an illegal one is refused."""
-    from models_registry.lifecycle import history
+    from fleet.lifecycle import history
     from models_registry.models import Replica
 
     ready = register_replica(model_version, "127.0.0.1:11", state="ready")

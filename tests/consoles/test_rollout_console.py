@@ -3,8 +3,8 @@ import pytest
 from django.test import Client
 
 from models_registry.models import ModelVersion
-from models_registry.rollout_models import Rollout
-from models_registry.rollouts.services import start_rollout
+from rollouts.models import Rollout
+from rollouts.services import start_rollout
 from models_registry.services import ensure_model_version
 
 pytestmark = pytest.mark.django_db(transaction=True)

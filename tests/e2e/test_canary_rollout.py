@@ -20,11 +20,11 @@ from django.test import AsyncClient
 from billing.models import UsageRecord
 from billing.stream import close_loop_recorder
 from models_registry.models import ModelVersion
-from models_registry.rollout_models import Rollout
-from models_registry.rollouts import services as rollouts
-from models_registry.rollouts.split import to_canary
+from rollouts.models import Rollout
+from rollouts import services as rollouts
+from inference.canary_split import to_canary
 from models_registry.services import ensure_model_version, register_replica
-from models_registry.tasks import evaluate_rollouts
+from rollouts.tasks import evaluate_rollouts
 from replica.backend.model_parameters import ModelParameters
 from replica.engine.models.loader import default_model_path
 from replica.replica_process import ReplicaProcess, ReplicaSpec

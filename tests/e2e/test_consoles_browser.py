@@ -19,7 +19,7 @@ from billing.invoicing import issue_invoice, month_bounds
 from billing.rollups import rollup_usage
 from billing.services import set_price, write_usage
 from consoles.roles import ACCOUNT_MANAGER, ensure_roles
-from models_registry.health import check_replicas
+from fleet.health_check import check_replicas
 from models_registry.models import Replica
 from models_registry.services import ensure_model_version, register_replica
 from tenants.models import ApiKey, Tenant
@@ -244,8 +244,8 @@ def test_operator_rolls_back_a_canary(page, live_server_url):
     """Log in as an operator, read the rollout's evidence, roll the canary back."""
     from consoles.roles import OPERATOR
     from models_registry.models import ModelVersion
-    from models_registry.rollout_models import Rollout
-    from models_registry.rollouts.services import start_rollout
+    from rollouts.models import Rollout
+    from rollouts.services import start_rollout
 
     ensure_roles()
     operator = User.objects.create_user("operator", password="operator-pw", is_staff=True)

@@ -20,8 +20,8 @@ from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import connections
 
-from models_registry.health import check_replicas
-from models_registry.lifecycle import history
+from fleet.health_check import check_replicas
+from fleet.lifecycle import history
 from models_registry.models import Node, Replica, ScalingPolicy
 from models_registry.services import ensure_model_version
 from tenants.services import create_api_key, create_tenant

@@ -14,7 +14,8 @@ import threading
 import pytest
 from django.conf import settings
 
-from models_registry.models import Node, Replica, ReplicaTransition, ScalingPolicy
+from fleet.models import ReplicaTransition
+from models_registry.models import Node, Replica, ScalingPolicy
 from models_registry.services import ensure_model_version
 from tenants.services import create_api_key, create_tenant
 from tests.e2e.conftest import LOG_DIR, SMOLLM2_WEIGHTS, platform_env

@@ -20,7 +20,8 @@ import pytest
 from django.conf import settings
 from django.utils import timezone
 
-from models_registry.models import Node, Replica, ReplicaTransition, ScalingDecision, ScalingPolicy
+from fleet.models import ReplicaTransition, ScalingDecision
+from models_registry.models import Node, Replica, ScalingPolicy
 from models_registry.services import ensure_model_version
 from tenants.services import create_api_key, create_tenant
 from tests.e2e.conftest import LOG_DIR, SMOLLM2_WEIGHTS, platform_env

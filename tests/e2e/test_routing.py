@@ -188,7 +188,7 @@ def health_check() -> dict[int, str]:
     """The replica health check in its own process, as Celery beat runs it in production
     (gRPC's asyncio client is bound to the first event loop of a process)."""
     script = ("import django, json; django.setup(); "
-              "from models_registry.tasks import check_replica_health; "
+              "from fleet.tasks import check_replica_health; "
               "print(json.dumps(check_replica_health()))")
     out = subprocess.run([sys.executable, "-c", script], cwd=REPO, env={**os.environ,
                          **routing_env()}, check=True, capture_output=True, text=True).stdout

@@ -1,8 +1,8 @@
 """The autoscaler's decision logic with an injected clock: no database, no Redis."""
 import math
 
-from models_registry.autoscaler import Decision, History, PolicyView, Signals, decide
-from models_registry.forecast import TimeOfDayProfile, build_profile
+from fleet.scaling_decision import Decision, History, PolicyView, Signals, decide
+from fleet.forecast import TimeOfDayProfile, build_profile
 
 POLICY = PolicyView(min_replicas=1, max_replicas=6, warm_pool_size=0, replica_capacity_rps=2.0,
                     target_queue_depth=4, target_outstanding_tokens=1000,

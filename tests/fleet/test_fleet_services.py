@@ -7,18 +7,13 @@ import redis as redis_lib
 from django.conf import settings
 
 from inference.admission import queue_keys
-from models_registry.autoscaling import FleetContext, autoscale_version
-from models_registry.dispatch import RecordingDispatcher
-from models_registry.lifecycle import IllegalTransition, history, transition
-from models_registry.models import (
-    RateSample,
-    Replica,
-    ReplicaTransition,
-    ScalingDecision,
-    ScalingPolicy,
-)
-from models_registry.nodes import detect_lost_nodes, heartbeat, register_node
-from models_registry.placement import drain_replicas, place_replicas
+from fleet.autoscaler import FleetContext, autoscale_version
+from fleet.dispatch import RecordingDispatcher
+from fleet.lifecycle import IllegalTransition, history, transition
+from fleet.models import RateSample, ReplicaTransition, ScalingDecision
+from models_registry.models import Replica, ScalingPolicy
+from fleet.nodes import detect_lost_nodes, heartbeat, register_node
+from fleet.placement import drain_replicas, place_replicas
 from models_registry.services import ensure_model_version
 
 pytestmark = pytest.mark.django_db(transaction=True)

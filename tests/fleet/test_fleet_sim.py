@@ -3,8 +3,8 @@ autoscaler, and with a load time longer than the lunch spike's onset the predict
 has capacity up before the spike while the reactive one queues."""
 from benchmarks.autoscale import main as autoscale_main
 from benchmarks.fleet_sim import ReplicaModel, simulate
-from models_registry.autoscaler import PolicyView
-from models_registry.forecast import build_profile
+from fleet.scaling_decision import PolicyView
+from fleet.forecast import build_profile
 
 
 def step_day(t: float) -> float:

@@ -2,7 +2,7 @@
 accepts every value the registry may hold (pure: parses the arguments, starts nothing)."""
 import pytest
 
-from models_registry.node_agent import launch_command
+from fleet.node_agent import launch_command
 from replica.launch import quantization_arg
 
 

@@ -11,7 +11,7 @@ from asgiref.sync import sync_to_async
 from inference.circuit import OPEN
 from inference.container import current_container
 from inference.router import OutstandingTokens
-from models_registry.lifecycle import history
+from fleet.lifecycle import history
 from models_registry.models import Replica
 from models_registry.services import register_replica
 from tests.fakes.triton_server import start_fake

@@ -9,9 +9,9 @@ from asgiref.sync import sync_to_async
 from django.conf import settings
 
 from billing.models import UsageRecord
-from models_registry.rollouts import services as rollouts
-from models_registry.rollouts.fallbacks import FAILED, UNAVAILABLE, fallbacks_key
-from models_registry.rollouts.split import to_canary
+from rollouts import services as rollouts
+from inference.fallbacks import FAILED, UNAVAILABLE, fallbacks_key
+from inference.canary_split import to_canary
 from models_registry.services import ensure_model_version, register_replica
 from tests.fakes.triton_server import start_fake
 from tests.support.billing import drain

@@ -2,7 +2,7 @@
 import pytest
 from asgiref.sync import sync_to_async
 
-from models_registry.health import check_replicas
+from fleet.health_check import check_replicas
 from models_registry.models import Replica
 from models_registry.services import register_replica
 

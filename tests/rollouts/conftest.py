@@ -7,7 +7,7 @@ from django.conf import settings
 
 from billing.models import UsageRecord
 from models_registry.models import ModelVersion
-from models_registry.rollouts.fallbacks import fallbacks_key
+from inference.fallbacks import fallbacks_key
 from models_registry.services import ensure_model_version
 from tenants.services import create_api_key, create_tenant
 

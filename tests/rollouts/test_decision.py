@@ -1,5 +1,5 @@
 """The evaluator's decisions on fixed evidence (pure)."""
-from models_registry.rollouts.decision import (
+from rollouts.decision import (
     ADVANCE,
     HOLD,
     ROLLBACK,

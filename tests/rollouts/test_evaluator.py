@@ -3,11 +3,11 @@ injected clock and a scripted probe (the real probe runs in tests/e2e/test_canar
 from django.conf import settings
 
 from models_registry.models import ModelVersion
-from models_registry.rollout_models import Rollout, RolloutStep
-from models_registry.rollouts import services
-from models_registry.rollouts.decision import ProbeResult
-from models_registry.rollouts.evaluator import RolloutEvaluator
-from models_registry.rollouts.fallbacks import FAILED, UNAVAILABLE
+from rollouts.models import Rollout, RolloutStep
+from rollouts import services
+from rollouts.decision import ProbeResult
+from rollouts.evaluator import RolloutEvaluator
+from inference.fallbacks import FAILED, UNAVAILABLE
 from tests.rollouts.conftest import add_fallbacks
 
 AGREES = ProbeResult(agreement=1.0, exact_match=1.0, num_prompts=5)
@@ -172,7 +172,7 @@ def test_evaluator_acting_after_a_person_does_nothing(versions, clock, sync_redi
 
 
 def test_the_beat_task_runs_the_real_probe_wiring(versions, clock):
-    from models_registry.tasks import evaluate_rollouts
+    from rollouts.tasks import evaluate_rollouts
 
     rollout = start(versions, clock)
     # No replica is registered: the probe cannot run, the rollout holds.

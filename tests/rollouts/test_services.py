@@ -4,9 +4,9 @@ from django.contrib.auth.models import User
 from django.test import Client
 
 from models_registry.models import ModelVersion
-from models_registry.rollout_models import Rollout
-from models_registry.rollouts import services
-from models_registry.rollouts.services import RolloutError
+from rollouts.models import Rollout
+from rollouts import services
+from rollouts.services import RolloutError
 from models_registry.services import ensure_model_version
 
 

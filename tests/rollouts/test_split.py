@@ -1,8 +1,8 @@
 """The sticky split: pure functions, no database."""
 from inference.canary import choose_version, sticky_key
 from inference.schemas import parse_request
-from models_registry.rollouts.selectors import LiveRollout
-from models_registry.rollouts.split import NUM_BUCKETS, bucket, to_canary
+from rollouts.selectors import LiveRollout
+from inference.canary_split import NUM_BUCKETS, bucket, to_canary
 from models_registry.selectors import ServingVersion
 
 KEYS = [f"conversation-{i}" for i in range(20_000)]

@@ -15,10 +15,10 @@ from django.conf import settings
 from django.db import close_old_connections
 from django.utils import timezone
 
-from models_registry.autoscaling import FleetContext, autoscale_all
-from models_registry.dispatch import CeleryDispatcher
+from fleet.autoscaler import FleetContext, autoscale_all
+from fleet.dispatch import CeleryDispatcher
 from models_registry.models import Replica
-from models_registry.nodes import detect_lost_nodes
+from fleet.nodes import detect_lost_nodes
 from tests.support.processes import Proc, start
 
 CHAT_BODY = {"model": "chat-small", "messages": [{"role": "user", "content": "Count to five."}],

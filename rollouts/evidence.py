@@ -7,8 +7,8 @@ from datetime import datetime
 from django.db import connection
 
 from billing.models import UsageRecord
-from models_registry.rollouts.decision import VersionStats
-from models_registry.rollouts.fallbacks import FAILED, UNAVAILABLE
+from rollouts.decision import VersionStats
+from inference.fallbacks import FAILED, UNAVAILABLE
 
 # TPOT of a request: the time after its first token over the tokens after the first.
 _STATS_SQL = """

@@ -12,10 +12,10 @@ from datetime import datetime, timedelta
 
 from django.db import transaction
 
-from models_registry.dispatch import Dispatcher
-from models_registry.lifecycle import LIVE_STATES, transition
+from fleet.dispatch import Dispatcher
+from fleet.lifecycle import LIVE_STATES, transition
 from models_registry.models import Node, Replica, ScalingPolicy
-from models_registry.placement import place_replicas
+from fleet.placement import place_replicas
 
 
 def register_node(name: str, *, zone: str, address: str, cpu_slots: int, memory_mib: int,

@@ -29,7 +29,7 @@ def _agent():
 def _start_agent(sender=None, **_):
     if not os.environ.get("NODE_NAME"):
         return
-    from models_registry.node_agent import AgentConfig, NodeAgent  # noqa: PLC0415
+    from fleet.node_agent import AgentConfig, NodeAgent  # noqa: PLC0415
 
     agent = NodeAgent(AgentConfig.from_env(dict(os.environ)), now=timezone.now)
     agent.start()
@@ -43,11 +43,11 @@ def _stop_agent(sender=None, **_):
         agent.shutdown()
 
 
-@shared_task(name="models_registry.agent_tasks.start_replica", ignore_result=True)
+@shared_task(name="fleet.agent_tasks.start_replica", ignore_result=True)
 def start_replica(replica_id: int) -> bool:
     return _agent().start_replica(replica_id)
 
 
-@shared_task(name="models_registry.agent_tasks.stop_replica", ignore_result=True)
+@shared_task(name="fleet.agent_tasks.stop_replica", ignore_result=True)
 def stop_replica(replica_id: int) -> None:
     _agent().stop_replica(replica_id)

@@ -5,11 +5,11 @@ from celery import shared_task
 from django.conf import settings
 from django.utils import timezone
 
-from models_registry import agent_tasks  # noqa: F401 - registers the node agent's tasks
-from models_registry.autoscaling import FleetContext, autoscale_all
-from models_registry.dispatch import CeleryDispatcher
-from models_registry.health import check_replicas
-from models_registry.nodes import detect_lost_nodes
+from fleet import agent_tasks  # noqa: F401 - registers the node agent's tasks
+from fleet.autoscaler import FleetContext, autoscale_all
+from fleet.dispatch import CeleryDispatcher
+from fleet.health_check import check_replicas
+from fleet.nodes import detect_lost_nodes
 
 
 @shared_task(ignore_result=True)
@@ -37,20 +37,3 @@ def autoscale() -> list[str]:
 def detect_lost_nodes_task() -> dict[str, list[int]]:
     return detect_lost_nodes(timezone.now(), lost_after_s=settings.NODE_LOST_AFTER_SECONDS,
                              dispatcher=CeleryDispatcher())
-
-
-@shared_task(ignore_result=True)
-def evaluate_rollouts() -> dict[int, str]:
-    """Canary evaluator: advance, promote or roll back each running rollout."""
-    from inference.tokenization import TokenizerCache  # noqa: PLC0415 - the request path's
-    from models_registry.rollouts.evaluator import RolloutEvaluator  # noqa: PLC0415
-    from models_registry.rollouts.replica_probe import ReplicaProbe  # noqa: PLC0415
-
-    client = redis.Redis.from_url(settings.REDIS_URL)
-    try:
-        evaluator = RolloutEvaluator(
-            clock=timezone.now, redis=client, key_prefix=settings.REDIS_KEY_PREFIX,
-            probe=ReplicaProbe(TokenizerCache(), timeout_s=settings.ROLLOUT_PROBE_TIMEOUT_SECONDS))
-        return evaluator.evaluate_all()
-    finally:
-        client.close()

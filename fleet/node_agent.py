@@ -33,9 +33,9 @@ from typing import Callable
 
 from django.db import close_old_connections, connection
 
-from models_registry.lifecycle import transition
+from fleet.lifecycle import transition
 from models_registry.models import Replica
-from models_registry.nodes import heartbeat, register_node
+from fleet.nodes import heartbeat, register_node
 
 logger = logging.getLogger(__name__)
 REPO = Path(__file__).resolve().parents[1]

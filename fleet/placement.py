@@ -14,8 +14,8 @@ from datetime import datetime, timedelta
 
 from django.db import transaction
 
-from models_registry.dispatch import Dispatcher
-from models_registry.lifecycle import LIVE_STATES, record_created, transition
+from fleet.dispatch import Dispatcher
+from fleet.lifecycle import LIVE_STATES, record_created, transition
 from models_registry.models import ModelVersion, Node, Replica, ScalingPolicy
 
 

@@ -13,7 +13,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from models_registry.rollouts.decision import ProbeResult
+from rollouts.decision import ProbeResult
 
 PROBE_PROMPTS: tuple[str, ...] = (
     "What is the capital of France?",

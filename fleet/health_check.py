@@ -7,7 +7,8 @@ recorded lifecycle transition.
 
 A replica whose engine died answers every request "engine dead" and its launcher stops the
 server (model readiness false), so the next check marks it failed; the request path that saw it
-first does not wait for that check: `report_engine_dead` marks it failed at once.
+first does not wait for that check: it sends `inference.hooks.engine_died`, and
+`on_engine_died` (connected in FleetConfig.ready()) marks it failed at once.
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import tritonclient.grpc.aio as triton_aio
 from asgiref.sync import sync_to_async
 from django.utils import timezone
 
-from models_registry.lifecycle import transition
+from fleet.lifecycle import transition
 from models_registry.models import Replica
 
 
@@ -73,10 +74,16 @@ async def check_replicas(timeout_s: float = 2.0) -> dict[int, str]:
     return states
 
 
-async def report_engine_dead(replica_id: int, reason: str) -> bool:
+async def on_engine_died(sender, *, replica_id: int, reason: str, **kwargs) -> bool:
     """The request path saw this replica's engine die: loading/ready -> failed now (the node
     agent then stops its process and the autoscaler places a replacement). False when it was
     not loading or ready any more (someone else moved it first)."""
     return await sync_to_async(transition)(
         replica_id, Replica.State.FAILED, f"engine died: {reason}"[:300], timezone.now(),
         only_from=(Replica.State.LOADING, Replica.State.READY))
+
+
+def connect_engine_death() -> None:
+    from inference.hooks import engine_died  # noqa: PLC0415 - apps are loaded by now
+
+    engine_died.connect(on_engine_died, dispatch_uid="fleet.health_check.on_engine_died")

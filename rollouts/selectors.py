@@ -1,18 +1,10 @@
-"""Reads on rollouts for the request path (async; plain frozen results)."""
+"""Reads on rollouts for the request path (async; plain frozen results). Connected to
+`inference.hooks.rollout_source` in RolloutsConfig.ready()."""
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from models_registry.rollout_models import Rollout
+from inference.canary import LiveRollout
 from models_registry.selectors import ServingVersion
-
-
-@dataclass(frozen=True)
-class LiveRollout:
-    rollout_id: int
-    percent: float  # 0..100 of the model's traffic goes to `canary`
-    stable_version_id: int
-    canary: ServingVersion
+from rollouts.models import Rollout
 
 
 async def live_rollout(model_name: str) -> LiveRollout | None:

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Protocol
 
-START_TASK = "models_registry.agent_tasks.start_replica"
-STOP_TASK = "models_registry.agent_tasks.stop_replica"
+START_TASK = "fleet.agent_tasks.start_replica"
+STOP_TASK = "fleet.agent_tasks.stop_replica"
 
 
 class Dispatcher(Protocol):

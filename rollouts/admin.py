@@ -1,5 +1,5 @@
 """Admin for canary rollouts: list, history with evidence, and the manual actions (pause,
-resume, promote, roll back), each a call to models_registry.rollouts.services."""
+resume, promote, roll back), each a call to rollouts.services."""
 from __future__ import annotations
 
 import json
@@ -7,8 +7,8 @@ import json
 from django.contrib import admin, messages
 from django.utils.html import format_html
 
-from models_registry.rollout_models import Rollout, RolloutStep
-from models_registry.rollouts import services
+from rollouts.models import Rollout, RolloutStep
+from rollouts import services
 
 
 class RolloutStepInline(admin.TabularInline):

@@ -1,7 +1,8 @@
 """Canary rollouts: a new version of a model takes a growing share of its traffic (Rollout),
 and every change of share is recorded with the evidence that caused it (RolloutStep).
 
-Imported by models_registry.models so Django registers both models with this app.
+The tables keep the names they had when these models lived in `models_registry`
+(rollouts/migrations/0001_initial.py moved them without touching the database).
 """
 from __future__ import annotations
 
@@ -41,7 +42,7 @@ class Rollout(models.Model):
     traffic_percent = models.FloatField(default=5.0)
     step_started_at = models.DateTimeField()
 
-    # Thresholds of the evaluator (see models_registry/rollouts/decision.py).
+    # Thresholds of the evaluator (see rollouts/decision.py).
     window_s = models.PositiveIntegerField(default=600)  # evidence: the last window_s of the step
     step_min_s = models.PositiveIntegerField(default=300)  # least time spent in a step
     min_requests = models.PositiveIntegerField(default=50)  # per version, per step
@@ -62,15 +63,12 @@ class Rollout(models.Model):
     finished_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
+        db_table = "models_registry_rollout"
         ordering = ["-created_at"]
         constraints = [
             models.UniqueConstraint(fields=["model"], condition=Q(state__in=["running", "paused"]),
                                     name="one_live_rollout_per_model"),
         ]
-
-    @property
-    def is_live(self) -> bool:
-        return self.state in self.LIVE_STATES
 
     def __str__(self) -> str:
         return (f"{self.model.name} v{self.stable_version.version} -> "
@@ -99,6 +97,7 @@ class RolloutStep(models.Model):
     occurred_at = models.DateTimeField()
 
     class Meta:
+        db_table = "models_registry_rolloutstep"
         ordering = ["rollout", "occurred_at", "pk"]
 
     def __str__(self) -> str:

@@ -1,6 +1,6 @@
 """The autoscaler's tick for one model version: observe, decide, record, act.
 
-Run by Celery beat (models_registry.tasks.autoscale) every AUTOSCALER_INTERVAL_SECONDS for each
+Run by Celery beat (fleet.tasks.autoscale) every AUTOSCALER_INTERVAL_SECONDS for each
 version with an enabled ScalingPolicy. The decision is `autoscaler.decide` (pure); this stores
 it with the numbers that caused it (ScalingDecision), records the arrival rate (RateSample, the
 forecast's history) and places or drains replicas. Two ticks for one version never overlap: the
@@ -13,11 +13,12 @@ from datetime import datetime, timedelta
 
 from django.db import transaction
 
-from models_registry import fleet_signals
-from models_registry.autoscaler import Decision, PolicyView, decide
-from models_registry.dispatch import Dispatcher
-from models_registry.models import RateSample, ScalingDecision, ScalingPolicy
-from models_registry.placement import drain_replicas, place_replicas
+from fleet import load_readings as fleet_signals
+from fleet.scaling_decision import Decision, PolicyView, decide
+from fleet.dispatch import Dispatcher
+from fleet.models import RateSample, ScalingDecision
+from models_registry.models import ScalingPolicy
+from fleet.placement import drain_replicas, place_replicas
 
 DECISION_RETENTION = timedelta(days=2)
 

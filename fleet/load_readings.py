@@ -13,15 +13,10 @@ from datetime import datetime, timedelta
 
 from inference.admission import queue_keys
 from billing.models import UsageRecord
-from models_registry.autoscaler import History, Signals
-from models_registry.forecast import build_profile
-from models_registry.models import (
-    ModelVersion,
-    RateSample,
-    Replica,
-    ScalingDecision,
-    ScalingPolicy,
-)
+from fleet.scaling_decision import History, Signals
+from fleet.forecast import build_profile
+from fleet.models import RateSample, ScalingDecision
+from models_registry.models import ModelVersion, Replica, ScalingPolicy
 from tenants.models import Tier
 
 TTFT_WINDOW_S = 60.0

@@ -1,4 +1,4 @@
-"""The canary evaluator (Celery beat, `models_registry.tasks.evaluate_rollouts`).
+"""The canary evaluator (Celery beat, `rollouts.tasks.evaluate_rollouts`).
 
 For each running rollout: gather the evidence of its current step (usage rows of the last
 `window_s` seconds, never before the step started; the canary's fallbacks; the quality probe,
@@ -16,9 +16,9 @@ from dataclasses import asdict
 from datetime import datetime, timedelta
 from typing import Callable
 
-from models_registry.rollout_models import Rollout
-from models_registry.rollouts import services
-from models_registry.rollouts.decision import (
+from rollouts.models import Rollout
+from rollouts import services
+from rollouts.decision import (
     ADVANCE,
     HOLD,
     ROLLBACK,
@@ -28,8 +28,8 @@ from models_registry.rollouts.decision import (
     Thresholds,
     decide,
 )
-from models_registry.rollouts.evidence import version_stats, with_fallbacks
-from models_registry.rollouts.fallbacks import count_fallbacks
+from rollouts.evidence import version_stats, with_fallbacks
+from inference.fallbacks import count_fallbacks
 
 logger = logging.getLogger(__name__)
 

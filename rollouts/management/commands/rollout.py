@@ -4,8 +4,8 @@ import json
 from django.core.management.base import BaseCommand, CommandError
 
 from models_registry.models import ModelVersion
-from models_registry.rollout_models import Rollout
-from models_registry.rollouts import services
+from rollouts.models import Rollout
+from rollouts import services
 
 ACTIONS = {
     "pause": services.pause_rollout,

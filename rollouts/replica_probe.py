@@ -8,9 +8,9 @@ from inference.replica_client import ReplicaRequest
 from inference.tokenization import TokenizerCache
 from inference.triton_client import TritonReplicaClient
 from models_registry.models import Replica
-from models_registry.rollout_models import Rollout
-from models_registry.rollouts.decision import ProbeResult
-from models_registry.rollouts.probe import PROBE_PROMPTS, ProbeTarget, run_probe
+from rollouts.models import Rollout
+from rollouts.decision import ProbeResult
+from rollouts.probe import PROBE_PROMPTS, ProbeTarget, run_probe
 
 
 class ReplicaProbe:

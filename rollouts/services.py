@@ -18,7 +18,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from models_registry.models import ModelVersion
-from models_registry.rollout_models import Rollout, RolloutStep
+from rollouts.models import Rollout, RolloutStep
 
 EVALUATOR = "evaluator"  # the actor name of automatic steps
 THRESHOLD_FIELDS = ("window_s", "step_min_s", "min_requests", "max_error_rate_delta",

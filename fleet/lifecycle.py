@@ -16,7 +16,8 @@ from datetime import datetime
 
 from django.db import transaction
 
-from models_registry.models import Replica, ReplicaTransition
+from fleet.models import ReplicaTransition
+from models_registry.models import Replica
 
 S = Replica.State
 ALLOWED: dict[str, frozenset[str]] = {
