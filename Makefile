@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install serve test chromium
+.PHONY: install serve test lint chromium
 
 # requirements/dev.txt includes the runtime roles (web.txt, node.txt) plus tests and benchmarks.
 $(STAMP): $(wildcard requirements/*.txt)
@@ -23,6 +23,10 @@ install: $(STAMP) chromium
 
 serve: $(STAMP)
 	$(PY) scripts/serve.py
+
+# The layering contract (.importlinter; docs/architecture.md, "Layering").
+lint: $(STAMP)
+	$(VENV)/bin/lint-imports
 
 # PYTEST_ARGS="-k something" narrows the run.
 test: $(STAMP) chromium

@@ -38,7 +38,7 @@ def evidence_table(evidence: dict):
 
 
 class ConsoleRolloutAdmin(RolloutAdmin):
-    change_form_template = "admin/models_registry/rollout/change_form.html"
+    change_form_template = "admin/rollouts/rollout/change_form.html"
     exclude = ("last_evidence",)  # shown laid out as `evidence`
 
     def get_readonly_fields(self, request, obj=None):
@@ -52,7 +52,7 @@ class ConsoleRolloutAdmin(RolloutAdmin):
     def get_urls(self):
         return [path("<int:rollout_id>/act/<str:verb>/",
                      self.admin_site.admin_view(require_POST(self.act_view)),
-                     name="models_registry_rollout_act")] + super().get_urls()
+                     name="rollouts_rollout_act")] + super().get_urls()
 
     def change_view(self, request, object_id, form_url="", extra_context=None):
         rollout = self.get_object(request, object_id)
@@ -77,7 +77,7 @@ class ConsoleRolloutAdmin(RolloutAdmin):
                               messages.SUCCESS)
         except services.RolloutError as exc:
             self.message_user(request, f"{rollout.model.name}: {exc}", messages.ERROR)
-        return redirect(reverse("admin:models_registry_rollout_change", args=[rollout.pk]))
+        return redirect(reverse("admin:rollouts_rollout_change", args=[rollout.pk]))
 
 
 admin.site.unregister(Rollout)

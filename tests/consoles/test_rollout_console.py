@@ -29,12 +29,12 @@ def logged_in(user) -> Client:
 
 def test_buttons_follow_the_state_and_call_the_services(operator, rollout):
     client = logged_in(operator)
-    url = f"/admin/models_registry/rollout/{rollout.pk}/change/"
+    url = f"/admin/rollouts/rollout/{rollout.pk}/change/"
     page = client.get(url).content.decode()
     assert "<dt>decision</dt><dd>hold</dd>" in page and "num_failed" in page
     assert 'data-verb="pause"' in page and 'data-verb="rollback"' in page
     assert 'data-verb="resume"' not in page
-    act = f"/admin/models_registry/rollout/{rollout.pk}/act/"
+    act = f"/admin/rollouts/rollout/{rollout.pk}/act/"
     assert client.post(act + "pause/").status_code == 302
     rollout.refresh_from_db()
     assert rollout.state == Rollout.State.PAUSED
@@ -52,7 +52,7 @@ def test_buttons_follow_the_state_and_call_the_services(operator, rollout):
 
 
 def test_only_those_allowed_to_change_rollouts_act(manager, member_a, rollout):
-    act = f"/admin/models_registry/rollout/{rollout.pk}/act/rollback/"
+    act = f"/admin/rollouts/rollout/{rollout.pk}/act/rollback/"
     assert logged_in(manager).post(act).status_code == 403
     assert logged_in(member_a).post(act).status_code == 302  # to the admin log-in
     rollout.refresh_from_db()

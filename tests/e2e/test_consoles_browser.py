@@ -258,7 +258,7 @@ def test_operator_rolls_back_a_canary(page, live_server_url):
         "stable": {"num_requests": 120, "num_failed": 0}})
     base = live_server_url
 
-    page.goto(f"{base}/admin/login/?next=/admin/models_registry/rollout/")
+    page.goto(f"{base}/admin/login/?next=/admin/rollouts/rollout/")
     page.get_by_label("Username").fill("operator")
     page.get_by_label("Password").fill("operator-pw")
     page.get_by_role("button", name="Log in").click()

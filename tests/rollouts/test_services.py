@@ -81,7 +81,7 @@ def test_admin_actions(versions):
     User.objects.create_superuser("boss", "b@example.com", "pw")
     client = Client()
     client.force_login(User.objects.get(username="boss"))
-    url = "/admin/models_registry/rollout/"
+    url = "/admin/rollouts/rollout/"
     assert client.get(url).status_code == 200
     assert client.get(f"{url}{rollout.pk}/change/").status_code == 200
     response = client.post(url, {"action": "pause_rollouts", "_selected_action": [rollout.pk]})
@@ -94,6 +94,21 @@ def test_admin_actions(versions):
     response = client.post(url, {"action": "pause_rollouts", "_selected_action": [rollout.pk]},
                            follow=True)
     assert "cannot pause a rollout that is rolled_back" in response.content.decode()
+
+
+def test_admin_addresses_from_before_the_move_redirect(versions):
+    """Rollouts lived in models_registry; bookmarks of their admin pages still arrive."""
+    rollout = services.start_rollout(versions[1])
+    User.objects.create_superuser("boss", "b@example.com", "pw")
+    client = Client()
+    client.force_login(User.objects.get(username="boss"))
+    old = client.get(f"/admin/models_registry/rollout/{rollout.pk}/change/?x=1")
+    assert old.status_code == 301
+    assert old["Location"] == f"/admin/rollouts/rollout/{rollout.pk}/change/?x=1"
+    assert client.get(old["Location"]).status_code == 200
+    moved = client.get("/admin/models_registry/scalingdecision/")
+    assert moved["Location"] == "/admin/fleet/scalingdecision/"
+    assert client.get(moved["Location"]).status_code == 200
 
 
 def test_command(versions, capsys):
