@@ -111,7 +111,7 @@ async def request_overhead(issued, version, rounds: int, per_round: int) -> dict
     latencies: dict[str, list[float]] = {"on": [], "off": []}
 
     async def one(mode: str) -> None:
-        config.recorders[loop] = real if mode == "on" else null
+        config.recorders.set(loop, real if mode == "on" else null)
         started = time.perf_counter()
         response = await client.post("/v1/generate", BODY, content_type="application/json",
                                      headers=headers)

@@ -1,5 +1,3 @@
-import weakref
-
 from django.apps import AppConfig
 
 
@@ -9,7 +7,7 @@ class BillingConfig(AppConfig):
 
     def ready(self) -> None:
         from billing.stream import build_recorder
+        from common.per_loop import PerLoop
 
         # Per-process state lives on the app registry, not in module globals.
-        self.recorders = weakref.WeakKeyDictionary()  # event loop -> UsageRecorder
-        self.recorder_factory = build_recorder
+        self.recorders = PerLoop(build_recorder)  # one UsageRecorder per event loop

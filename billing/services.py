@@ -2,7 +2,6 @@
 stream); `write_usage` is the consumer's (PostgreSQL, idempotent on the request id)."""
 from __future__ import annotations
 
-import asyncio
 from datetime import datetime, timezone
 from decimal import Decimal
 
@@ -17,14 +16,8 @@ __all__ = ["UsageEvent", "record_usage", "write_usage", "set_price"]
 
 def current_recorder():
     """The per-event-loop UsageRecorder (an async Redis client belongs to its loop), kept on the
-    billing AppConfig rather than in a module global; tests may replace `recorder_factory`."""
-    config = apps.get_app_config("billing")
-    loop = asyncio.get_running_loop()
-    recorder = config.recorders.get(loop)
-    if recorder is None:
-        recorder = config.recorder_factory()
-        config.recorders[loop] = recorder
-    return recorder
+    billing AppConfig rather than in a module global; tests may replace `recorders.factory`."""
+    return apps.get_app_config("billing").recorders.current()
 
 
 async def record_usage(event: UsageEvent) -> None:

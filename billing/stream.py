@@ -18,6 +18,7 @@ from django.conf import settings
 
 from billing.events import UsageEvent
 from billing.outbox import FileOutbox
+from common import redis_keys
 
 logger = logging.getLogger(__name__)
 
@@ -31,12 +32,12 @@ class StreamKeys:
 
     @property
     def stream(self) -> str:
-        return f"{self.prefix}billing:usage"
+        return redis_keys.usage_stream(self.prefix)
 
     @property
     def dead_letters(self) -> str:
         """Entries PostgreSQL refused (e.g. an unknown tenant): kept for a human, not retried."""
-        return f"{self.prefix}billing:usage:dead"
+        return redis_keys.usage_dead_letters(self.prefix)
 
 
 class UsageRecorder:

@@ -10,6 +10,7 @@ from django.utils import timezone
 from fleet.lifecycle import IllegalTransition, transition
 from fleet.models import ReplicaTransition, ScalingDecision
 from models_registry.models import Node, Replica
+from common import redis_keys
 
 
 @admin.register(ScalingDecision)
@@ -48,7 +49,8 @@ class LoadChangeList(ChangeList):
         try:
             pipe = client.pipeline(transaction=False)
             for replica in self.result_list:
-                pipe.hget(f"{settings.REDIS_KEY_PREFIX}outstanding:{replica.model_version_id}",
+                pipe.hget(redis_keys.outstanding_tokens(settings.REDIS_KEY_PREFIX,
+                                                        replica.model_version_id),
                           str(replica.pk))
             values = pipe.execute()
         except redis.RedisError:

@@ -11,13 +11,13 @@ import math
 import statistics
 from datetime import datetime, timedelta
 
-from inference.admission import queue_keys
 from billing.models import UsageRecord
 from fleet.scaling_decision import History, Signals
 from fleet.forecast import build_profile
 from fleet.models import RateSample, ScalingDecision
 from models_registry.models import ModelVersion, Replica, ScalingPolicy
 from tenants.models import Tier
+from common import redis_keys
 
 TTFT_WINDOW_S = 60.0
 # The arrival rate is the mean over this long (several ticks): one tick's Poisson noise at a low
@@ -27,7 +27,7 @@ FORECAST_PERIODS = 7  # periods of samples the profile learns from
 
 
 def _arrivals_key(prefix: str, model_version_id: int) -> str:
-    return f"{prefix}fleet:arrivals:{model_version_id}"
+    return redis_keys.arrivals_baseline(prefix, model_version_id)
 
 
 def _model_name(model_version_id: int) -> str:
@@ -38,7 +38,7 @@ def count_arrivals(redis, prefix: str, model_version_id: int, now: float) -> tup
     """(requests since the previous call, seconds since it, time of the last arrival) from the
     admission queue's per-version counters (the queue is the model's, shared by its versions);
     the first call only sets the baseline (0 requests, 0 s)."""
-    stats_key = queue_keys(prefix, _model_name(model_version_id))[3]
+    stats_key = redis_keys.admission(prefix, _model_name(model_version_id)).stats
     seq, full = redis.hmget(stats_key, [f"seq:{model_version_id}",
                                         f"rejected_full:{model_version_id}"])
     total = int(seq or 0) + int(full or 0)
@@ -60,7 +60,7 @@ def count_arrivals(redis, prefix: str, model_version_id: int, now: float) -> tup
 
 def queue_depth(redis, prefix: str, model_version_id: int) -> int:
     """Waiters for this version in its model's queue (tickets are `tenant:version:uuid`)."""
-    tickets = redis.hkeys(queue_keys(prefix, _model_name(model_version_id))[0])
+    tickets = redis.hkeys(redis_keys.admission(prefix, _model_name(model_version_id)).waiting)
     version = str(model_version_id)
     return sum(1 for t in tickets
                if (t.decode() if isinstance(t, bytes) else t).split(":")[1] == version)
@@ -69,7 +69,8 @@ def queue_depth(redis, prefix: str, model_version_id: int) -> int:
 def outstanding_tokens(redis, prefix: str, model_version_id: int, replica_ids: list[int]) -> dict[int, int]:
     if not replica_ids:
         return {}
-    values = redis.hmget(f"{prefix}outstanding:{model_version_id}", [str(i) for i in replica_ids])
+    values = redis.hmget(redis_keys.outstanding_tokens(prefix, model_version_id),
+                         [str(i) for i in replica_ids])
     return {rid: max(0, int(v or 0)) for rid, v in zip(replica_ids, values)}
 
 

@@ -31,6 +31,7 @@ import asyncio
 import uuid
 from dataclasses import dataclass
 from typing import Awaitable, Callable
+from common import redis_keys
 
 # Wait-time histogram bounds (ms); the last bucket is +Inf.
 WAIT_BUCKETS_MS = (10, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000)
@@ -224,9 +225,7 @@ def queue_keys(key_prefix: str, model: str) -> list[str]:
     """waiting (hash), running (sorted set), virtual time (hash), stats (hash: `seq` counts
     every request that entered, `rejected_full` those refused at the door, and the same per
     version as `seq:<version id>` / `rejected_full:<version id>`), capacity (hash)."""
-    base = f"{key_prefix}admission:{model}"
-    return [f"{base}:waiting", f"{base}:running", f"{base}:vtime", f"{base}:stats",
-            f"{base}:capacity"]
+    return redis_keys.admission(key_prefix, model).as_list()
 
 
 class QueueFull(Exception):
@@ -304,10 +303,10 @@ class AdmissionQueue:
         return queue_keys(self._prefix, model)
 
     def models_key(self) -> str:
-        return f"{self._prefix}admission:models"
+        return redis_keys.admission_models(self._prefix)
 
     def _wake_prefix(self, model: str) -> str:
-        return f"{self._prefix}admission:{model}:wake:"
+        return redis_keys.admission_wake_prefix(self._prefix, model)
 
     def _common_args(self, model: str) -> list:
         return [int(self._clock() * 1000), self._slot_ttl_ms, self._wake_prefix(model)]

@@ -1,5 +1,3 @@
-import weakref
-
 from django.apps import AppConfig
 
 
@@ -8,10 +6,10 @@ class InferenceConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        from common.per_loop import PerLoop
         from inference.container import build_container
         from inference.tokenization import TokenizerCache
 
         # Per-process state lives here, on the app registry, not in module globals.
         self.tokenizers = TokenizerCache()
-        self.containers = weakref.WeakKeyDictionary()  # event loop -> Container
-        self.container_factory = build_container
+        self.containers = PerLoop(lambda: build_container(self.tokenizers))  # one per event loop

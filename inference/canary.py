@@ -18,6 +18,7 @@ import json
 from dataclasses import dataclass
 from typing import Awaitable, Callable
 
+from common.ttl_cache import TtlCache
 from inference.canary_split import to_canary
 from inference.schemas import GenerationRequest
 from models_registry.selectors import ServingVersion
@@ -62,21 +63,10 @@ class RolloutCatalog:
 
     def __init__(self, clock: Callable[[], float], ttl_seconds: float,
                  read: Callable[[str], Awaitable[LiveRollout | None]]):
-        self._read = read
-        self._clock = clock
-        self._ttl = ttl_seconds
-        self._cached: dict[str, tuple[float, LiveRollout | None]] = {}
+        self._cache: TtlCache[str, LiveRollout | None] = TtlCache(read, clock, ttl_seconds)
 
     async def get(self, model_name: str) -> LiveRollout | None:
-        now = self._clock()
-        hit = self._cached.get(model_name)
-        if hit is not None and now - hit[0] < self._ttl:
-            return hit[1]
-        rollout = await self._read(model_name)
-        if len(self._cached) > 10_000:
-            self._cached.clear()
-        self._cached[model_name] = (now, rollout)
-        return rollout
+        return await self._cache.get(model_name)
 
 
 def choose_version(stable: ServingVersion, rollout: LiveRollout | None, tenant_id: int,

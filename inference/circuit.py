@@ -13,6 +13,7 @@ whose engine died is tripped open at once (`trip`), without waiting for more fai
 from __future__ import annotations
 
 from typing import Callable, Sequence
+from common import redis_keys
 
 CLOSED, OPEN, HALF_OPEN = "closed", "open", "half_open"
 STATE_VALUES = {CLOSED: 0, OPEN: 1, HALF_OPEN: 2}
@@ -49,10 +50,10 @@ class CircuitBreaker:
         self._failure = redis.register_script(_FAILURE)
 
     def key(self, replica_id: int) -> str:
-        return f"{self._prefix}circuit:{replica_id}"
+        return redis_keys.circuit(self._prefix, replica_id)
 
     def probe_key(self, replica_id: int) -> str:
-        return f"{self._prefix}circuit:{replica_id}:probe"
+        return redis_keys.circuit_half_open_trial(self._prefix, replica_id)
 
     def _now_ms(self) -> int:
         return int(self._clock() * 1000)

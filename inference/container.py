@@ -2,11 +2,11 @@
 
 Redis asyncio clients and gRPC channels belong to the loop that created them, so the
 container is per loop; the tokenizer cache is per process. Both hang off the inference
-AppConfig rather than module globals, and tests may replace `InferenceConfig.container_factory`.
+AppConfig rather than module globals (`common.per_loop.PerLoop`); tests may replace
+`InferenceConfig.containers.factory`.
 """
 from __future__ import annotations
 
-import asyncio
 import random
 import time
 from dataclasses import dataclass
@@ -115,10 +115,4 @@ def build_container(tokenizers: TokenizerCache) -> Container:
 
 
 def current_container() -> Container:
-    config = apps.get_app_config("inference")
-    loop = asyncio.get_running_loop()
-    container = config.containers.get(loop)
-    if container is None:
-        container = config.container_factory(config.tokenizers)
-        config.containers[loop] = container
-    return container
+    return apps.get_app_config("inference").containers.current()

@@ -12,6 +12,7 @@ was full: capacity, not an error).
 from __future__ import annotations
 
 from typing import Callable
+from common import redis_keys
 
 FAILED = "failed"
 UNAVAILABLE = "unavailable"
@@ -20,7 +21,7 @@ TTL_S = 86_400
 
 
 def fallbacks_key(prefix: str, rollout_id: int) -> str:
-    return f"{prefix}rollout:{rollout_id}:fallbacks"
+    return redis_keys.canary_fallbacks(prefix, rollout_id)
 
 
 class FallbackRecorder:

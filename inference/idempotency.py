@@ -13,6 +13,7 @@ import uuid
 from dataclasses import dataclass
 
 from inference.errors import Conflict, InvalidRequest, Unprocessable
+from common import redis_keys
 
 MAX_KEY_LEN = 255
 
@@ -66,7 +67,7 @@ class IdempotencyStore:
 
     def _redis_key(self, tenant_id: int, key: str) -> str:
         digest = hashlib.sha256(key.encode("utf-8")).hexdigest()
-        return f"{self._prefix}idem:{tenant_id}:{digest}"
+        return redis_keys.idempotency(self._prefix, tenant_id, digest)
 
     async def begin(self, tenant_id: int, key: str, body_fingerprint: str) -> Claim | Replay:
         """A Claim to run the request, a Replay of the stored reply, or Conflict (409: still

@@ -13,6 +13,7 @@ from typing import Callable, Sequence
 
 from inference.policies import BLOCK_SIZE
 from replica.engine.kv.block_hash import hash_full_blocks
+from common import redis_keys
 
 
 def prompt_block_hashes(token_ids: Sequence[int], cache_salt: str, max_blocks: int) -> tuple[int, ...]:
@@ -29,7 +30,7 @@ class PrefixIndex:
         self._ttl_ms = int(ttl_s * 1000)
 
     def key(self, model_version_id: int, block_hash: int) -> str:
-        return f"{self._prefix}prefix:{model_version_id}:{block_hash:016x}"
+        return redis_keys.prefix_block(self._prefix, model_version_id, block_hash)
 
     async def match(self, model_version_id: int, block_hashes: Sequence[int],
                     replica_ids: Sequence[int]) -> dict[int, int]:

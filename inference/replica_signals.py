@@ -23,19 +23,28 @@ from typing import Callable, Sequence
 
 import httpx
 
+from replica.backend.engine_metrics import COUNTERS as ENGINE_COUNTERS
+from replica.backend.engine_metrics import GAUGES as ENGINE_GAUGES
+from common import redis_keys
+
 logger = logging.getLogger(__name__)
 
-# Metric name on the replica's port -> field of ReplicaSignals.
-GAUGES = {
-    "replica_running_seqs": "running_seqs",
-    "replica_waiting_seqs": "waiting_seqs",
-    "replica_kv_free_blocks": "kv_free_blocks",
-    "replica_kv_total_blocks": "kv_total_blocks",
-    "replica_prefix_cache_hit_tokens_total": "prefix_hit_tokens",
-    "replica_prompt_tokens_total": "prompt_tokens",
-    "replica_generated_tokens_total": "generated_tokens",
-    "replica_preemptions_total": "preemptions",
+# The replica defines its metric names (replica/backend/engine_metrics.py); this maps the engine
+# statistic each one exports to the field of ReplicaSignals that holds it.
+_FIELD_OF_STAT = {
+    "num_running": "running_seqs",
+    "num_waiting": "waiting_seqs",
+    "num_free_blocks": "kv_free_blocks",
+    "num_total_blocks": "kv_total_blocks",
+    "prefix_hit_tokens": "prefix_hit_tokens",
+    "prompt_tokens": "prompt_tokens",
+    "generated_tokens": "generated_tokens",
+    "num_preemptions": "preemptions",
 }
+# Metric name on the replica's port -> field of ReplicaSignals.
+GAUGES = {name: _FIELD_OF_STAT[stat]
+          for name, (stat, _help) in {**ENGINE_GAUGES, **ENGINE_COUNTERS}.items()
+          if stat in _FIELD_OF_STAT}
 _LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{[^}]*\})?\s+(\S+)", re.M)
 
 
@@ -82,10 +91,10 @@ class SignalStore:
         self._ttl_ms = max(1, int(ttl_s * 1000))
 
     def key(self, replica_id: int) -> str:
-        return f"{self._prefix}signals:{replica_id}"
+        return redis_keys.replica_load(self._prefix, replica_id)
 
     def lease_key(self, replica_id: int) -> str:
-        return f"{self._prefix}signals:{replica_id}:poll"
+        return redis_keys.replica_load_poll(self._prefix, replica_id)
 
     async def write(self, replica_id: int, signals: ReplicaSignals) -> None:
         mapping = {k: v for k, v in signals.__dict__.items() if v is not None}

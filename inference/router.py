@@ -26,8 +26,9 @@ import random
 from dataclasses import dataclass, field
 from typing import Callable
 
-from inference.hooks import engine_died
+from common.ttl_cache import TtlCache
 from inference.circuit import HALF_OPEN, OPEN, CircuitBreaker
+from inference.hooks import engine_died
 from inference.policies import (  # noqa: F401 - re-exported: the router's public names
     DEFAULT_POLICY,
     POLICIES,
@@ -40,6 +41,7 @@ from inference.prefix_index import PrefixIndex
 from inference.replica_signals import SignalPoller, SignalStore
 from inference.routing_stats import RoutingStats
 from models_registry.selectors import ReplicaInfo, ServingVersion, ready_replicas, serving_version
+from common import redis_keys
 
 logger = logging.getLogger(__name__)
 
@@ -56,7 +58,7 @@ class OutstandingTokens:
         self._prefix = key_prefix
 
     def key(self, model_version_id: int) -> str:
-        return f"{self._prefix}outstanding:{model_version_id}"
+        return redis_keys.outstanding_tokens(self._prefix, model_version_id)
 
     async def read(self, model_version_id: int, replica_ids: list[int]) -> dict[int, int]:
         values = await self._redis.hmget(self.key(model_version_id), [str(i) for i in replica_ids])
@@ -98,45 +100,26 @@ class ReplicaDirectory:
     """Ready replicas per model version, read from PostgreSQL at most every `ttl_seconds`."""
 
     def __init__(self, clock: Callable[[], float], ttl_seconds: float):
-        self._clock = clock
-        self._ttl = ttl_seconds
-        self._cached: dict[int, tuple[float, list[ReplicaInfo]]] = {}
+        self._cache: TtlCache[int, list[ReplicaInfo]] = TtlCache(ready_replicas, clock, ttl_seconds)
 
     async def ready(self, model_version_id: int) -> list[ReplicaInfo]:
-        now = self._clock()
-        hit = self._cached.get(model_version_id)
-        if hit is not None and now - hit[0] < self._ttl:
-            return hit[1]
-        replicas = await ready_replicas(model_version_id)
-        self._cached[model_version_id] = (now, replicas)
-        return replicas
+        return await self._cache.get(model_version_id)
 
     def drop(self, model_version_id: int, replica_id: int) -> None:
         """Forget a replica known broken until the next read from PostgreSQL."""
-        hit = self._cached.get(model_version_id)
-        if hit is not None:
-            self._cached[model_version_id] = (hit[0], [r for r in hit[1] if r.replica_id != replica_id])
+        self._cache.update(model_version_id,
+                           lambda replicas: [r for r in replicas if r.replica_id != replica_id])
 
 
 class ServingCatalog:
     """`serving_version` per (model, tenant), read from PostgreSQL at most every `ttl_seconds`."""
 
     def __init__(self, clock: Callable[[], float], ttl_seconds: float):
-        self._clock = clock
-        self._ttl = ttl_seconds
-        self._cached: dict[tuple[str, int], tuple[float, ServingVersion | None]] = {}
+        self._cache: TtlCache[tuple[str, int], ServingVersion | None] = TtlCache(
+            lambda key: serving_version(*key), clock, ttl_seconds)
 
     async def get(self, model_name: str, tenant_id: int) -> ServingVersion | None:
-        now = self._clock()
-        key = (model_name, tenant_id)
-        hit = self._cached.get(key)
-        if hit is not None and now - hit[0] < self._ttl:
-            return hit[1]
-        target = await serving_version(model_name, tenant_id)
-        if len(self._cached) > 10_000:  # bound memory under many tenants x models
-            self._cached.clear()
-        self._cached[key] = (now, target)
-        return target
+        return await self._cache.get((model_name, tenant_id))
 
 
 @dataclass
@@ -151,7 +134,7 @@ class RoutingState:
     stats: RoutingStats
 
     def sequence_key(self, model_version_id: int) -> str:
-        return f"{self.key_prefix}route-seq:{model_version_id}"
+        return redis_keys.route_sequence(self.key_prefix, model_version_id)
 
 
 class Router:

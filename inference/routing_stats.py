@@ -9,6 +9,7 @@ circuit openings. Gauge: each replica's circuit state (0 closed, 1 open, 2 half-
 from __future__ import annotations
 
 from inference.circuit import STATE_VALUES, CircuitBreaker
+from common import redis_keys
 
 COUNTERS = {
     "routed": ("llmp_router_requests_routed_total", "Requests sent to a replica."),
@@ -29,10 +30,10 @@ class RoutingStats:
         self._prefix = key_prefix
 
     def models_key(self) -> str:
-        return f"{self._prefix}routing:models"
+        return redis_keys.routing_models(self._prefix)
 
     def key(self, model_version_id: int) -> str:
-        return f"{self._prefix}routing:{model_version_id}"
+        return redis_keys.routing_stats(self._prefix, model_version_id)
 
     async def add(self, model_version_id: int, replica_id: int, policy: str,
                   **counts: int) -> None:

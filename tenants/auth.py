@@ -12,6 +12,7 @@ from django.utils import timezone
 
 from tenants.keys import hash_key, hashes_match, prefix_of
 from tenants.models import ApiKey
+from common import redis_keys
 
 
 @dataclass(frozen=True)
@@ -31,7 +32,7 @@ class AuthenticationFailed(Exception):
 
 
 def cache_key(prefix: str, key_hash: str) -> str:
-    return f"{prefix}apikey:{key_hash}"
+    return redis_keys.api_key_cache(prefix, key_hash)
 
 
 def bearer_token(authorization: str | None) -> str | None:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from tenants.selectors import Limits
+from common import redis_keys
 
 # KEYS: requests bucket, tokens bucket.
 # ARGV: now_ms, req_per_min, req_burst, tok_per_min, tok_burst, num_tokens, ttl_ms.
@@ -73,8 +74,7 @@ return string.format('%.17g', level)
 
 def bucket_keys(key_prefix: str, tenant_id: int) -> tuple[str, str]:
     """The Redis hashes of a tenant's requests and tokens buckets."""
-    base = f"{key_prefix}bucket:{tenant_id}"
-    return f"{base}:requests", f"{base}:tokens"
+    return redis_keys.token_buckets(key_prefix, tenant_id)
 
 
 def level_now(stored_level, stored_ts_ms, now_ms: int, per_minute: int, burst: int) -> float:

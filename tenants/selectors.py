@@ -9,6 +9,7 @@ import json
 from dataclasses import asdict, dataclass
 
 from tenants.models import Tenant
+from common import redis_keys
 
 
 @dataclass(frozen=True)
@@ -64,7 +65,7 @@ class LimitsCache:
         self._ttl = ttl_seconds
 
     def key(self, tenant_id: int) -> str:
-        return f"{self._prefix}limits:{tenant_id}"
+        return redis_keys.tenant_limits(self._prefix, tenant_id)
 
     async def get(self, tenant_id: int) -> Limits:
         if self._ttl > 0:

@@ -191,7 +191,8 @@ READ_PATTERNS = (
 
 def _names_read_by_the_platform() -> set[str]:
     sources = [REPO / "manage.py", *DEPLOY.joinpath("bin").iterdir()]
-    for package in ("llm_platform", "tenants", "models_registry", "billing", "inference", "fleet", "rollouts",
+    for package in ("llm_platform", "common", "tenants", "models_registry", "billing", "inference", "fleet",
+                    "rollouts",
                     "consoles", "dashboard", "replica"):
         sources += (REPO / package).rglob("*.py")
     names = set()

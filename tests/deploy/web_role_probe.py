@@ -23,7 +23,8 @@ import sys
 # What only the `node` image has: the engine (torch and what it pulls in), the tritonserver wheel,
 # the weight formats and reference models. tritonclient (a different top-level name) is allowed.
 ENGINE_PACKAGES = ("torch", "triton", "pytriton", "safetensors", "transformers", "gguf")
-PLATFORM_PACKAGES = ("llm_platform", "tenants", "models_registry", "billing", "inference", "fleet", "rollouts",
+PLATFORM_PACKAGES = ("llm_platform", "common", "tenants", "models_registry", "billing", "inference", "fleet",
+                     "rollouts",
                      "consoles", "dashboard")
 
 
