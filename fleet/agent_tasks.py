@@ -15,6 +15,8 @@ from celery import current_app, shared_task
 from celery.signals import worker_ready, worker_shutdown
 from django.utils import timezone
 
+from fleet.dispatch import START_TASK, STOP_TASK
+
 logger = logging.getLogger(__name__)
 
 
@@ -43,11 +45,11 @@ def _stop_agent(sender=None, **_):
         agent.shutdown()
 
 
-@shared_task(name="fleet.agent_tasks.start_replica", ignore_result=True)
+@shared_task(name=START_TASK, ignore_result=True)
 def start_replica(replica_id: int) -> bool:
     return _agent().start_replica(replica_id)
 
 
-@shared_task(name="fleet.agent_tasks.stop_replica", ignore_result=True)
+@shared_task(name=STOP_TASK, ignore_result=True)
 def stop_replica(replica_id: int) -> None:
     _agent().stop_replica(replica_id)

@@ -1,13 +1,16 @@
 """How the control loops reach node agents: a Celery task on the node's own queue.
 
-Injected into placement and scaling services so their tests can record what would be sent.
+Injected into placement and scaling services so their tests can record what would be sent
+(tests/fakes/dispatcher.py).
 """
 from __future__ import annotations
 
 from typing import Protocol
 
-START_TASK = "fleet.agent_tasks.start_replica"
-STOP_TASK = "fleet.agent_tasks.stop_replica"
+# The names on the wire keep the module the tasks were first defined in (models_registry), so
+# node agents and control loops of either side of an upgrade understand each other.
+START_TASK = "models_registry.agent_tasks.start_replica"
+STOP_TASK = "models_registry.agent_tasks.stop_replica"
 
 
 class Dispatcher(Protocol):
@@ -27,16 +30,3 @@ class CeleryDispatcher:
 
     def stop(self, queue: str, replica_id: int) -> None:
         self._app.send_task(STOP_TASK, args=[replica_id], queue=queue)
-
-
-class RecordingDispatcher:
-    """Keeps what would have been sent (tests, the benchmark's simulation)."""
-
-    def __init__(self):
-        self.sent: list[tuple[str, str, int]] = []
-
-    def start(self, queue: str, replica_id: int) -> None:
-        self.sent.append(("start", queue, replica_id))
-
-    def stop(self, queue: str, replica_id: int) -> None:
-        self.sent.append(("stop", queue, replica_id))

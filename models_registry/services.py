@@ -38,10 +38,6 @@ def ensure_model_version(
     return model_version
 
 
-def grant_model(model: Model, tenant) -> None:
-    model.tenants.add(tenant)
-
-
 def register_replica(
     model_version: ModelVersion,
     grpc_address: str,

@@ -69,10 +69,6 @@ class ApiKey(models.Model):
     def __str__(self) -> str:
         return f"{self.prefix}… ({self.tenant.name})"
 
-    @property
-    def is_revoked(self) -> bool:
-        return self.revoked_at is not None
-
 
 class TenantMembership(models.Model):
     """A Django user who may use a tenant's dashboard. A user belongs to one tenant."""

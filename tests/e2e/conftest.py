@@ -142,7 +142,3 @@ def fleet(transactional_db, live_server_url, replica_server) -> Fleet:
     register_replica(version, replica_server.grpc_address,
                      metrics_address=replica_server.metrics_address)
     return Fleet(live_server_url, create_api_key(tenant).raw_key, replica_server)
-
-
-def sse_data_lines(text: str) -> list[str]:
-    return re.findall(r"^data: (.*)$", text, re.M)

@@ -8,7 +8,7 @@ from django.conf import settings
 
 from inference.admission import queue_keys
 from fleet.autoscaler import FleetContext, autoscale_version
-from fleet.dispatch import RecordingDispatcher
+from tests.fakes.dispatcher import RecordingDispatcher
 from fleet.lifecycle import IllegalTransition, history, transition
 from fleet.models import RateSample, ReplicaTransition, ScalingDecision
 from models_registry.models import Replica, ScalingPolicy

@@ -38,6 +38,3 @@ class PrefixCache:
             return False
         del self._block_by_hash[entry[0]]
         return True
-
-    def is_cached(self, block_id: int) -> bool:
-        return block_id in self._entry_by_block
