@@ -24,7 +24,7 @@ from models_registry.models import Replica
 
 
 @dataclass(frozen=True)
-class Probe:
+class HealthCheckTarget:
     replica_id: int
     grpc_address: str
     model_name: str
@@ -32,10 +32,10 @@ class Probe:
     managed: bool = False
 
 
-async def _is_model_ready(probe: Probe, timeout_s: float) -> bool:
-    client = triton_aio.InferenceServerClient(probe.grpc_address)
+async def _is_model_ready(target: HealthCheckTarget, timeout_s: float) -> bool:
+    client = triton_aio.InferenceServerClient(target.grpc_address)
     try:
-        return bool(await asyncio.wait_for(client.is_model_ready(probe.model_name), timeout_s))
+        return bool(await asyncio.wait_for(client.is_model_ready(target.model_name), timeout_s))
     except Exception:  # noqa: BLE001 - unreachable, refused, timed out: all "not ready"
         return False
     finally:
@@ -51,26 +51,26 @@ def _next_state(state: str, ready: bool, managed: bool = False) -> str:
 
 
 async def check_replicas(timeout_s: float = 2.0) -> dict[int, str]:
-    """Probe every replica in loading/ready/failed; returns replica id -> new state."""
-    probes = [
-        Probe(r.pk, r.grpc_address, r.model_version.model.name, r.state, r.managed)
+    """HealthCheckTarget every replica in loading/ready/failed; returns replica id -> new state."""
+    targets = [
+        HealthCheckTarget(r.pk, r.grpc_address, r.model_version.model.name, r.state, r.managed)
         async for r in Replica.objects.select_related("model_version__model").filter(
             state__in=[Replica.State.LOADING, Replica.State.READY, Replica.State.FAILED])
         .exclude(grpc_address="")
     ]
-    results = await asyncio.gather(*(_is_model_ready(p, timeout_s) for p in probes))
+    results = await asyncio.gather(*(_is_model_ready(p, timeout_s) for p in targets))
     states = {}
     now = timezone.now()
-    for probe, ready in zip(probes, results):
-        new_state = _next_state(probe.state, ready, probe.managed)
+    for target, ready in zip(targets, results):
+        new_state = _next_state(target.state, ready, target.managed)
         if ready:
-            await Replica.objects.filter(pk=probe.replica_id).aupdate(last_heartbeat=now)
-        if new_state != probe.state:
+            await Replica.objects.filter(pk=target.replica_id).aupdate(last_heartbeat=now)
+        if new_state != target.state:
             reason = "health check: model ready" if ready else "health check: no answer"
             # Only if nobody changed the state meanwhile (an operator draining it, say).
-            await sync_to_async(transition)(probe.replica_id, new_state, reason, now,
-                                            only_from=(probe.state,))
-        states[probe.replica_id] = new_state
+            await sync_to_async(transition)(target.replica_id, new_state, reason, now,
+                                            only_from=(target.state,))
+        states[target.replica_id] = new_state
     return states
 
 

@@ -52,7 +52,7 @@ class CircuitBreaker:
     def key(self, replica_id: int) -> str:
         return redis_keys.circuit(self._prefix, replica_id)
 
-    def probe_key(self, replica_id: int) -> str:
+    def half_open_trial_key(self, replica_id: int) -> str:
         return redis_keys.circuit_half_open_trial(self._prefix, replica_id)
 
     def _now_ms(self) -> int:
@@ -70,15 +70,15 @@ class CircuitBreaker:
             states[rid] = CLOSED if until == 0 else OPEN if now < until else HALF_OPEN
         return states
 
-    async def try_probe(self, replica_id: int) -> bool:
+    async def try_half_open_trial(self, replica_id: int) -> bool:
         """Claim the single half-open probe of this replica (the caller checked it is half-open)."""
-        return bool(await self._redis.set(self.probe_key(replica_id), "1", nx=True,
+        return bool(await self._redis.set(self.half_open_trial_key(replica_id), "1", nx=True,
                                           px=self._probe_timeout_ms))
 
     async def record_failure(self, replica_id: int) -> bool:
         """Returns True when this failure opened the circuit."""
         return bool(await self._failure(
-            keys=[self.key(replica_id), self.probe_key(replica_id)],
+            keys=[self.key(replica_id), self.half_open_trial_key(replica_id)],
             args=[self._now_ms(), self.failure_threshold, self._cooldown_ms]))
 
     async def trip(self, replica_id: int) -> None:
@@ -90,5 +90,5 @@ class CircuitBreaker:
     async def record_success(self, replica_id: int) -> None:
         pipe = self._redis.pipeline(transaction=True)
         pipe.delete(self.key(replica_id))
-        pipe.delete(self.probe_key(replica_id))
+        pipe.delete(self.half_open_trial_key(replica_id))
         await pipe.execute()

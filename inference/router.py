@@ -81,7 +81,7 @@ class Lease:
     prompt_released: bool = field(default=False)
     policy: str = ""
     block_hashes: tuple[int, ...] = ()
-    is_probe: bool = False  # the half-open circuit's single probe
+    is_half_open_trial: bool = False  # the half-open circuit's single probe
 
     async def release_prompt(self) -> None:
         """The prompt is prefilled (first token seen): it no longer loads the replica."""
@@ -186,9 +186,9 @@ class Router:
         replicas = [r for r in ready if r.replica_id not in exclude]
         circuits = await self.state.circuit.states([r.replica_id for r in replicas])
         for r in replicas:
-            if circuits[r.replica_id] == HALF_OPEN and await self.state.circuit.try_probe(r.replica_id):
+            if circuits[r.replica_id] == HALF_OPEN and await self.state.circuit.try_half_open_trial(r.replica_id):
                 return await self._lease(model_version_id, policy_name, request,
-                                         Candidate(r, 0), is_probe=True)
+                                         Candidate(r, 0), is_half_open_trial=True)
         replicas = [r for r in replicas if circuits[r.replica_id] not in (OPEN, HALF_OPEN)]
         if not replicas:
             raise NoReplicaReady()
@@ -207,7 +207,7 @@ class Router:
         return await self._lease(model_version_id, policy_name, request, chosen)
 
     async def _lease(self, model_version_id: int, policy_name: str, request: RouteRequest,
-                     chosen: Candidate, is_probe: bool = False) -> Lease:
+                     chosen: Candidate, is_half_open_trial: bool = False) -> Lease:
         replica_id = chosen.replica.replica_id
         prompt = request.num_prompt_tokens - chosen.hit_tokens(request)
         await self._counter.add(model_version_id, replica_id, prompt + request.max_tokens)
@@ -221,7 +221,7 @@ class Router:
             held_tokens=prompt + request.max_tokens,
             policy=policy_name,
             block_hashes=request.block_hashes,
-            is_probe=is_probe,
+            is_half_open_trial=is_half_open_trial,
         )
 
     # ---- outcomes (inference/generation.py reports them) ---------------------------------------

@@ -6,7 +6,7 @@ from django.utils import timezone
 
 from inference.tokenization import TokenizerCache
 from rollouts.evaluator import RolloutEvaluator
-from rollouts.replica_probe import ReplicaProbe
+from rollouts.replica_quality_probe import ReplicaProbe
 
 
 @shared_task(ignore_result=True)

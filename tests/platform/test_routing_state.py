@@ -92,12 +92,12 @@ async def test_circuit_opens_after_consecutive_failures_then_one_probe(redis):
     assert await circuit.record_failure(5) is False  # in flight when it opened: no change
     clock.now += 10
     assert await circuit.states([5]) == {5: HALF_OPEN}
-    assert await circuit.try_probe(5) is True
-    assert await circuit.try_probe(5) is False  # exactly one probe
+    assert await circuit.try_half_open_trial(5) is True
+    assert await circuit.try_half_open_trial(5) is False  # exactly one probe
     assert await circuit.record_failure(5) is True  # the probe failed: open again
     assert await circuit.states([5]) == {5: OPEN}
     clock.now += 10
-    assert await circuit.try_probe(5) is True  # the failed probe's claim was dropped
+    assert await circuit.try_half_open_trial(5) is True  # the failed probe's claim was dropped
     await circuit.record_success(5)
     assert await circuit.states([5]) == {5: CLOSED}
 
@@ -174,7 +174,7 @@ async def test_router_skips_open_circuits_and_probes_half_open(model_version):
     # Cool-down over (moved into the past): the next request is the single probe.
     await circuit._redis.hset(circuit.key(r1.pk), "open_until", 1)
     probe = await router.acquire(model_version.pk, "balanced", REQUEST)
-    assert (probe.replica.replica_id, probe.is_probe) == (r1.pk, True)
+    assert (probe.replica.replica_id, probe.is_half_open_trial) == (r1.pk, True)
     other = await router.acquire(model_version.pk, "balanced", REQUEST)
     assert other.replica.replica_id == r2.pk
     await router.first_token(probe)  # the probe succeeded: closed

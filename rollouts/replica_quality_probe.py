@@ -10,7 +10,7 @@ from inference.triton_client import TritonReplicaClient
 from models_registry.models import Replica
 from rollouts.models import Rollout
 from rollouts.decision import ProbeResult
-from rollouts.probe import PROBE_PROMPTS, ProbeTarget, run_probe
+from rollouts.quality_probe import PROBE_PROMPTS, ProbeTarget, run_probe
 
 
 class ReplicaProbe:
