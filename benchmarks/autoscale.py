@@ -194,7 +194,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--load-s", type=float, default=4.0)
     parser.add_argument("--service-s", type=float, default=2.0)
     parser.add_argument("--ttft-s", type=float, default=0.3)
+    parser.add_argument("--smoke", action="store_true",
+                        help="a tiny run (seconds) that only proves the benchmark still works")
     args = parser.parse_args(argv)
+    if args.smoke:  # the given replica parameters, a day compressed into one minute
+        args.no_measure, args.day_minutes = True, 1.0
 
     if args.no_measure:
         measured = {"load_s": args.load_s, "service_s": args.service_s, "ttft_s": args.ttft_s,

@@ -167,7 +167,11 @@ def main() -> int:
     parser.add_argument("--days", type=int, default=365)
     parser.add_argument("--runs", type=int, default=10)
     parser.add_argument("--out", default=None)
+    parser.add_argument("--smoke", action="store_true",
+                        help="a tiny run (seconds) that only proves the benchmark still works")
     args = parser.parse_args()
+    if args.smoke:
+        args.tenants, args.days, args.runs = 2, 2, 1
     from scripts.services import ensure_services
 
     services = ensure_services(REPO / "var", log=lambda *_: None)

@@ -161,7 +161,12 @@ def main() -> None:
     parser.add_argument("--short-concurrency", type=int, default=16)
     parser.add_argument("--replica", choices=["both", "smollm2", "fake"], default="both",
                         help="both (default): the real replica, then the zero-cost fake")
+    parser.add_argument("--smoke", action="store_true",
+                        help="a tiny run (seconds) that only proves the benchmark still works")
     args = parser.parse_args()
+    if args.smoke:  # the zero-cost fake replica only, a handful of requests
+        args.replica, args.streams, args.rounds, args.max_tokens = "fake", 2, 1, 4
+        args.short_requests, args.short_concurrency = 4, 2
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "llm_platform.settings")
     # The real replica is the headline; on a small CPU its own queueing (seconds of TTFT) hides
     # milliseconds of platform cost, so a second pass against a zero-cost replica isolates it.

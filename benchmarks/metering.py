@@ -35,11 +35,15 @@ from scripts.services import ensure_database, ensure_services  # noqa: E402
 BODY = {"model": "chat-small", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}
 
 
-def fixtures():
+def fixtures(num_requests: int):
+    """A tenant whose limits fit the benchmark's load (it measures metering, not quotas: the
+    tier's 600 requests/min would refuse a full run's ~810 requests with 429)."""
     from models_registry.services import ensure_model_version
     from tenants.services import create_api_key, create_tenant
 
     tenant = create_tenant(f"bench-{uuid.uuid4().hex[:6]}", "interactive")
+    tenant.requests_per_minute = tenant.request_burst = max(600, 2 * num_requests)
+    tenant.save(update_fields=["requests_per_minute", "request_burst"])
     issued = create_api_key(tenant)
     version = ensure_model_version("chat-small", 1, "fake", tokenizer="bytes",
                                    context_length=1024)
@@ -160,17 +164,22 @@ def main() -> int:
     parser.add_argument("--batch-size", type=int, default=500)
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--per-round", type=int, default=20)
+    parser.add_argument("--smoke", action="store_true",
+                        help="a tiny run (seconds) that only proves the benchmark still works")
     args = parser.parse_args()
+    if args.smoke:
+        args.events, args.batch_size, args.rounds, args.per_round = 200, 50, 2, 2
+    num_unbatched = 50 if args.smoke else 1000
     services = ensure_services(REPO / "var", log=lambda *_: None)
     try:
         database_url = urlparse(services.database_url)._replace(
             path="/llm_platform_bench").geturl()
         ensure_database(database_url)
         setup_django(database_url, services.redis_url, REGISTRY_CACHE_TTL_SECONDS="1")
-        tenant, issued, version = fixtures()
+        tenant, issued, version = fixtures(10 + 2 * args.rounds * args.per_round)
         batched = consumer_throughput(tenant, issued.api_key, version, args.events,
                                       args.batch_size)
-        unbatched = consumer_throughput(tenant, issued.api_key, version, 1000, 1)
+        unbatched = consumer_throughput(tenant, issued.api_key, version, num_unbatched, 1)
         overhead = asyncio.run(request_overhead(issued, version, args.rounds, args.per_round))
     finally:
         services.stop()

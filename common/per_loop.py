@@ -34,6 +34,6 @@ class PerLoop(Generic[T]):
     def set(self, loop, value: T) -> None:
         self._by_loop[loop] = value
 
-    def pop(self, loop) -> T | None:
+    def pop(self, loop, default: T | None = None) -> T | None:
         """Forget `loop`'s object and return it (the caller closes it)."""
-        return self._by_loop.pop(loop, None)
+        return self._by_loop.pop(loop, default)
