@@ -20,7 +20,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 
-from fleet.scaling_decision import History, PolicyView, Signals, decide
+from fleet.scaling_decision import History, PolicyView, LoadReadings, decide
 from fleet.forecast import TimeOfDayProfile
 
 TTFT_WINDOW_S = 20.0  # the compressed day's equivalent of the task's one-minute window
@@ -170,7 +170,7 @@ def simulate(*, rate: Callable[[float], float], day_s: float, model: ReplicaMode
             forecast = None
             if policy.predictive and profile is not None:
                 forecast = profile.peak(now, now + model.load_s + 2 * tick_s)
-            signals = Signals(
+            signals = LoadReadings(
                 num_ready=len(ready), num_loading=len(loading), queue_depth=len(queue),
                 outstanding_tokens=sum(r.busy for r in ready) * model.tokens_per_request,
                 ttft_p90_s=ttft_p90, ttft_target_s=max_wait_s / 5, ttft_window_s=TTFT_WINDOW_S,

@@ -12,7 +12,7 @@ import statistics
 from datetime import datetime, timedelta
 
 from billing.models import UsageRecord
-from fleet.scaling_decision import History, Signals
+from fleet.scaling_decision import History, LoadReadings
 from fleet.forecast import build_profile
 from fleet.models import RateSample, ScalingDecision
 from models_registry.models import ModelVersion, Replica, ScalingPolicy
@@ -126,7 +126,7 @@ def recent_rate(model_version_id: int, now: datetime) -> float:
 
 
 def signals(policy: ScalingPolicy, now: datetime, redis, prefix: str, tick_s: float,
-            arrivals: tuple[int, float, float | None]) -> tuple[Signals, dict[int, int]]:
+            arrivals: tuple[int, float, float | None]) -> tuple[LoadReadings, dict[int, int]]:
     mv = policy.model_version_id
     states = list(Replica.objects.filter(model_version_id=mv, state__in=(
         Replica.State.READY, Replica.State.LOADING)).values_list("pk", "state"))
@@ -136,7 +136,7 @@ def signals(policy: ScalingPolicy, now: datetime, redis, prefix: str, tick_s: fl
     p90, target = ttft_p90(mv, now)
     load_s = load_seconds(policy)
     t = now.timestamp()
-    return Signals(
+    return LoadReadings(
         num_ready=len(ready_ids),
         num_loading=len(states) - len(ready_ids),
         queue_depth=queue_depth(redis, prefix, mv),

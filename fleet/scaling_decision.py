@@ -49,7 +49,9 @@ class PolicyView:
 
 
 @dataclass(frozen=True)
-class Signals:
+class LoadReadings:
+    """What one autoscaler tick saw of a version (fleet/load_readings.py reads it)."""
+
     num_ready: int
     num_loading: int
     queue_depth: int = 0
@@ -91,7 +93,7 @@ class Decision:
         return self.desired - self.current
 
 
-def _needs(policy: PolicyView, s: Signals, now: float, history: History) -> dict[str, int]:
+def _needs(policy: PolicyView, s: LoadReadings, now: float, history: History) -> dict[str, int]:
     needs = {}
     if s.request_rate_rps > 0:
         needs["rate"] = math.ceil(s.request_rate_rps / policy.replica_capacity_rps - 1e-9)
@@ -110,7 +112,7 @@ def _needs(policy: PolicyView, s: Signals, now: float, history: History) -> dict
     return needs
 
 
-def recommend(policy: PolicyView, s: Signals, now: float = 0.0,
+def recommend(policy: PolicyView, s: LoadReadings, now: float = 0.0,
               history: History = History()) -> tuple[int, str, dict[str, int]]:
     needs = _needs(policy, s, now, history)
     load_need = max(needs.values(), default=0)
@@ -134,7 +136,7 @@ def recommend(policy: PolicyView, s: Signals, now: float = 0.0,
     return recommended, reason, needs
 
 
-def decide(policy: PolicyView, s: Signals, now: float, history: History) -> Decision:
+def decide(policy: PolicyView, s: LoadReadings, now: float, history: History) -> Decision:
     recommended, reason, needs = recommend(policy, s, now, history)
     current = s.current
     numbers = {**asdict(s), "needs": needs, "now": now}

@@ -177,9 +177,6 @@ class ReplicaProcess:
                 raise LaunchError(f"model not ready after {timeout_s:.0f} s\n" + self.log_tail())
             self._sleep(0.1)
 
-    def is_ready(self) -> bool:
-        return self.poll() is None and _http_ok(f"{self.http_url}/v2/models/{self.spec.model_name}/ready")
-
     def poll(self) -> int | None:
         return self._require_process().poll()
 

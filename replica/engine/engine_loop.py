@@ -206,11 +206,6 @@ class EngineLoop:
             return self._state == _RUNNING
 
     @property
-    def is_draining(self) -> bool:
-        with self._cond:
-            return self._state == _DRAINING
-
-    @property
     def is_alive(self) -> bool:
         return self._thread.is_alive()
 

@@ -87,10 +87,6 @@ class Tokenizer:
         return self._eos_token_ids
 
     @property
-    def eos_token_id(self) -> int | None:
-        return self._eos_token_ids[0] if self._eos_token_ids else None
-
-    @property
     def bos_token_id(self) -> int | None:
         return self._bos_token_id
 

@@ -1,7 +1,7 @@
 """The autoscaler's decision logic with an injected clock: no database, no Redis."""
 import math
 
-from fleet.scaling_decision import Decision, History, PolicyView, Signals, decide
+from fleet.scaling_decision import Decision, History, PolicyView, LoadReadings, decide
 from fleet.forecast import TimeOfDayProfile, build_profile
 
 POLICY = PolicyView(min_replicas=1, max_replicas=6, warm_pool_size=0, replica_capacity_rps=2.0,
@@ -19,7 +19,7 @@ class Loop:
         self.decisions: list[Decision] = []
 
     def tick(self, now: float, **signals) -> Decision:
-        s = Signals(num_ready=self.replicas, num_loading=0, **signals)
+        s = LoadReadings(num_ready=self.replicas, num_loading=0, **signals)
         d = decide(self.policy, s, now, self.history)
         self.decisions.append(d)
         self.history = History(
@@ -31,7 +31,7 @@ class Loop:
 
 
 def test_scales_up_on_queue_depth_and_records_the_numbers():
-    d = decide(POLICY, Signals(num_ready=1, num_loading=0, queue_depth=10), 100.0, History())
+    d = decide(POLICY, LoadReadings(num_ready=1, num_loading=0, queue_depth=10), 100.0, History())
     assert d.action == "scale_up"
     assert d.desired == 1 + math.ceil(10 / 4)
     assert d.numbers["queue_depth"] == 10 and d.numbers["needs"]["queue_depth"] == 4
@@ -39,29 +39,29 @@ def test_scales_up_on_queue_depth_and_records_the_numbers():
 
 
 def test_scales_up_on_outstanding_tokens_rate_and_ttft():
-    by_tokens = decide(POLICY, Signals(1, 0, outstanding_tokens=3500), 0.0, History())
+    by_tokens = decide(POLICY, LoadReadings(1, 0, outstanding_tokens=3500), 0.0, History())
     assert by_tokens.desired == 4
-    by_rate = decide(POLICY, Signals(1, 0, request_rate_rps=5.0), 0.0, History())
+    by_rate = decide(POLICY, LoadReadings(1, 0, request_rate_rps=5.0), 0.0, History())
     assert by_rate.desired == 3
-    by_ttft = decide(POLICY, Signals(2, 0, ttft_p90_s=2.5, ttft_target_s=1.0), 0.0, History())
+    by_ttft = decide(POLICY, LoadReadings(2, 0, ttft_p90_s=2.5, ttft_target_s=1.0), 0.0, History())
     assert by_ttft.action == "scale_up" and by_ttft.desired == 3
-    within = decide(POLICY, Signals(2, 0, ttft_p90_s=0.5, ttft_target_s=1.0), 0.0, History())
+    within = decide(POLICY, LoadReadings(2, 0, ttft_p90_s=0.5, ttft_target_s=1.0), 0.0, History())
     assert within.desired <= 2
 
 
 def test_capped_at_max_and_loading_replicas_count():
-    d = decide(POLICY, Signals(1, 0, queue_depth=400), 0.0, History())
+    d = decide(POLICY, LoadReadings(1, 0, queue_depth=400), 0.0, History())
     assert d.desired == POLICY.max_replicas and "capped" in d.reason
     # Three already loading: the same pressure asks for no more than it did.
-    again = decide(POLICY, Signals(1, 5, queue_depth=400), 1.0, History(last_scale_up_at=0.0))
+    again = decide(POLICY, LoadReadings(1, 5, queue_depth=400), 1.0, History(last_scale_up_at=0.0))
     assert again.action == "hold" and again.desired == 6
 
 
 def test_scale_up_cool_down():
     history = History(last_scale_up_at=95.0)
-    d = decide(POLICY, Signals(2, 0, queue_depth=20), 100.0, history)
+    d = decide(POLICY, LoadReadings(2, 0, queue_depth=20), 100.0, history)
     assert d.action == "hold" and d.desired == 2 and "cool-down" in d.reason
-    later = decide(POLICY, Signals(2, 0, queue_depth=20), 106.0, history)
+    later = decide(POLICY, LoadReadings(2, 0, queue_depth=20), 106.0, history)
     assert later.action == "scale_up"
 
 
@@ -88,21 +88,21 @@ def test_no_flapping_under_oscillating_load():
 
 def test_warm_pool_is_kept_on_top_of_the_load():
     policy = PolicyView(**{**POLICY.__dict__, "warm_pool_size": 2})
-    idle = decide(policy, Signals(1, 0), 0.0, History())
+    idle = decide(policy, LoadReadings(1, 0), 0.0, History())
     assert idle.desired == 2 and "warm pool" in idle.reason  # no load: two idle ready ones (min 1 is within them)
-    busy = decide(policy, Signals(3, 0, request_rate_rps=6.0), 20.0, History())
+    busy = decide(policy, LoadReadings(3, 0, request_rate_rps=6.0), 20.0, History())
     assert busy.desired == 5  # 3 for the load, 2 warm
 
 
 def test_scale_to_zero_and_back_without_cool_down():
     policy = PolicyView(**{**POLICY.__dict__, "scale_to_zero": True, "scale_to_zero_after_s": 120.0,
                            "warm_pool_size": 1})
-    recent = decide(policy, Signals(2, 0, idle_for_s=30.0), 1000.0, History())
+    recent = decide(policy, LoadReadings(2, 0, idle_for_s=30.0), 1000.0, History())
     assert recent.desired == 1  # one (the warm pool of one) until idle long enough
-    idle = decide(policy, Signals(1, 0, idle_for_s=500.0), 1000.0, History())
+    idle = decide(policy, LoadReadings(1, 0, idle_for_s=500.0), 1000.0, History())
     assert idle.action == "scale_down" and idle.desired == 0 and "zero" in idle.reason
     # A request waits in the queue at zero: one starts at once, cool-down or not.
-    woken = decide(policy, Signals(0, 0, queue_depth=1, idle_for_s=0.0), 1001.0,
+    woken = decide(policy, LoadReadings(0, 0, queue_depth=1, idle_for_s=0.0), 1001.0,
                    History(last_scale_up_at=1000.0))
     assert woken.action == "scale_up" and woken.desired >= 1
 
@@ -148,7 +148,7 @@ def test_profile_bins_and_peak():
 
 
 def test_ttft_need_waits_until_the_last_scale_up_settled():
-    slow = Signals(3, 0, ttft_p90_s=3.0, ttft_target_s=1.0, ttft_window_s=60.0)
+    slow = LoadReadings(3, 0, ttft_p90_s=3.0, ttft_target_s=1.0, ttft_window_s=60.0)
     just_scaled = decide(POLICY, slow, 100.0, History(last_scale_up_at=70.0))
     assert "ttft_p90" not in just_scaled.numbers["needs"] and just_scaled.action != "scale_up"
     settled = decide(POLICY, slow, 100.0, History(last_scale_up_at=30.0))
@@ -157,21 +157,21 @@ def test_ttft_need_waits_until_the_last_scale_up_settled():
 
 def test_scale_down_keeps_headroom_over_the_rate():
     # 3.5 rps on replicas of 2 rps: 2 are needed, but 2 x 2 < 3.5 x 1.25, so 3 stay.
-    d = decide(POLICY, Signals(4, 0, request_rate_rps=3.5), 1000.0, History())
+    d = decide(POLICY, LoadReadings(4, 0, request_rate_rps=3.5), 1000.0, History())
     assert d.action == "scale_down" and d.desired == 3 and d.numbers["with_headroom"] == 3
 
 
 def test_a_lost_replica_is_replaced_within_the_scale_up_cool_down():
     history = History(last_scale_up_at=95.0, last_desired=3)
     # One of three failed (its engine died) 5 s after a scale up: back to three at once.
-    d = decide(POLICY, Signals(num_ready=2, num_loading=0, queue_depth=8), 100.0, history)
+    d = decide(POLICY, LoadReadings(num_ready=2, num_loading=0, queue_depth=8), 100.0, history)
     assert d.action == "scale_up" and d.desired == 3 and "replaces 1 lost" in d.reason
     # More load than that still waits for the cool-down: a replacement is no scale up.
-    d = decide(POLICY, Signals(num_ready=2, num_loading=0, queue_depth=40), 100.0, history)
+    d = decide(POLICY, LoadReadings(num_ready=2, num_loading=0, queue_depth=40), 100.0, history)
     assert d.desired == 3
     # The one replica of a min-1 version failed: replaced (from zero, never delayed).
-    d = decide(POLICY, Signals(num_ready=0, num_loading=0), 100.0, History(last_scale_up_at=99.0, last_desired=1))
+    d = decide(POLICY, LoadReadings(num_ready=0, num_loading=0), 100.0, History(last_scale_up_at=99.0, last_desired=1))
     assert d.action == "scale_up" and d.desired == 1
     # Nothing lost, within the cool-down: hold as before.
-    d = decide(POLICY, Signals(num_ready=3, num_loading=0, queue_depth=40), 100.0, history)
+    d = decide(POLICY, LoadReadings(num_ready=3, num_loading=0, queue_depth=40), 100.0, history)
     assert d.action == "hold"

@@ -162,10 +162,6 @@ class GGUFReader:
         type_id, offset = cursor.unpack("<I"), cursor.unpack("<Q")
         return name, tuple(reversed(ne)), type_id, offset
 
-    @property
-    def architecture(self) -> str | None:
-        return self.metadata.get("general.architecture")
-
     def raw(self, name: str) -> np.ndarray:
         """The stored bytes of tensor `name`: a read-only uint8 view into the map."""
         info = self._info(name)
