@@ -101,3 +101,11 @@ class ReplicaFailed(ApiError):
     status = 503
     type = "server_error"
     code = "replica_error"
+
+
+class DeadlineExceeded(ApiError):
+    """The request ran past settings.REQUEST_DEADLINE_SECONDS; what it held was released."""
+
+    status = 504
+    type = "server_error"
+    code = "deadline_exceeded"

@@ -233,8 +233,9 @@ async def test_waiter_is_woken_by_the_release(redis):
     assert not task.done()
     await holder.release()
     slot = await asyncio.wait_for(task, 5.0)
-    # The wake list was consumed (or removed): nothing lingers for the next waiter.
-    assert await redis.exists(queue._wake_prefix("m") + slot.ticket) == 0
+    # The wake-up was a message, not a key: nothing lingers in Redis for the next waiter.
+    assert not [k async for k in redis.scan_iter(match=queue.keys("m")[0][:-len("waiting")] + "wake*")]
+    assert queue.wakeups._events == {}
     await slot.release()
 
 
