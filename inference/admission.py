@@ -198,7 +198,9 @@ if not raw then return -2 end
 local w = cjson.decode(raw)
 w.hb = NOW + hb_ms
 redis.call('HSET', K_WAIT, ticket, cjson.encode(w))
--- Releases pump, so a poll only has to when slots are free (a slot expired, capacity grew).
+-- Releases pump, so a poll only has to when slots are free (a slot's lease expired, capacity
+-- grew); purge first: an expired slot still counts in the running set until reclaimed.
+purge()
 local _, total = capacities()
 if redis.call('ZCARD', K_RUN) < total then
   pump()
