@@ -76,6 +76,9 @@ DATABASES = {
         # out of connections under load). A psycopg pool per process bounds them instead: a
         # request borrows a connection and returns it when it closes.
         "CONN_MAX_AGE": 0,
+        # The pool checks a connection before lending it: after PostgreSQL restarts, requests
+        # get fresh connections instead of failing on the dead ones.
+        "CONN_HEALTH_CHECKS": True,
         "OPTIONS": {
             "pool": {
                 "min_size": env_int("DB_POOL_MIN_SIZE", 1),
