@@ -27,8 +27,8 @@ from billing.services import UsageEvent, record_usage
 from inference.admission import QueueFull, QueueTimeout, Slot, Waiter
 from inference.container import Container
 from inference.db_connection import release_db_connection
-from inference.keepalive import KeepAlive
 from inference.errors import InvalidRequest, ReplicaFailed, ServiceUnavailable
+from inference.keepalive import KeepAlive
 from inference.pipeline import Prepared, record_fallback, retarget
 from inference.quota import settle
 from inference.replica_client import (
@@ -171,7 +171,8 @@ async def generate(container: Container, prepared: Prepared) -> AsyncIterator[De
     slot: Slot | None = None
     current = prepared  # becomes the stable version if a canary cannot serve the request
     keepalive = KeepAlive(settings.REQUEST_KEEPALIVE_SECONDS,
-                          settings.CLEANUP_STEP_TIMEOUT_SECONDS)
+                          settings.CLEANUP_STEP_TIMEOUT_SECONDS,
+                          max_s=settings.REQUEST_DEADLINE_SECONDS + 60)
     if prepared.claim is not None:
         claim = prepared.claim
         keepalive.hold("idempotency", lambda: container.idempotency.refresh(claim))

@@ -6,7 +6,8 @@ on the replica and its pending Idempotency-Key all expire in Redis unless refres
 logged and tried again on the next tick; if Redis stays away longer than a lease's TTL, the
 lease expires and Redis reclaims it, which is what must happen when the holder is gone anyway.
 Invariant: `interval_s` is well below every TTL refreshed (a third or less), so one failed
-tick never loses a live lease.
+tick never loses a live lease; nothing is refreshed past `max_s` (a request that was never
+closed cannot keep its leases for ever).
 """
 from __future__ import annotations
 
@@ -21,9 +22,10 @@ Refresh = Callable[[], Awaitable[object]]
 
 
 class KeepAlive:
-    def __init__(self, interval_s: float, timeout_s: float):
+    def __init__(self, interval_s: float, timeout_s: float, max_s: float):
         self._interval_s = interval_s
         self._timeout_s = timeout_s
+        self._max_s = max_s
         self._holdings: dict[str, Refresh] = {}
         self._task: asyncio.Task | None = None
 
@@ -36,7 +38,9 @@ class KeepAlive:
         self._holdings.pop(name, None)
 
     async def _run(self) -> None:
-        while True:
+        loop = asyncio.get_running_loop()
+        end = loop.time() + self._max_s
+        while loop.time() < end:
             await asyncio.sleep(self._interval_s)
             for name, refresh in list(self._holdings.items()):
                 try:
