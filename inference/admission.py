@@ -286,7 +286,7 @@ class Slot:
 
 class AdmissionQueue:
     """`redis`: asyncio client; `clock`: wall-clock seconds (compared across processes).
-    `fallback_poll_s`: how long a waiter blocks on its wake list before it polls (must stay
+    `fallback_poll_s`: how long a waiter waits for its wake-up before it polls (must stay
     below `heartbeat_s`)."""
 
     def __init__(self, redis, key_prefix: str, clock: Callable[[], float],
