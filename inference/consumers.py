@@ -24,10 +24,11 @@ from django.conf import settings
 
 from inference.container import current_container
 from inference.errors import ApiError, Conflict, InvalidRequest, Unauthorized
-from inference.faults import as_api_error
+from inference.faults import as_api_error, preparing
 from inference.formats.native import NativeFormat
 from inference.pipeline import authenticate_header, decode_body, prepare_as
 from inference.relay import open_events, request_deadline
+from llm_platform.db_watchdog import query_timeout
 
 # Close codes: the server failed (RFC 6455 1011); no authenticated request in time.
 CLOSE_SERVER_ERROR = 1011
@@ -88,6 +89,10 @@ class StreamConsumer(AsyncWebsocketConsumer):
         await self.send(json.dumps(payload))
 
     async def _run(self, raw: bytes) -> None:
+        with query_timeout(settings.DB_QUERY_TIMEOUT_SECONDS):  # no read timeout of its own
+            await self._serve(raw)
+
+    async def _serve(self, raw: bytes) -> None:
         try:
             body = decode_body(raw)
             if not isinstance(body, dict):
@@ -100,12 +105,13 @@ class StreamConsumer(AsyncWebsocketConsumer):
                 authorization = f"Bearer {api_key}"
             container = current_container()
             deadline = request_deadline()
-            principal = await authenticate_header(container, authorization)
-            self.authenticated = True
-            outcome = await prepare_as(
-                container, "generate", principal, body,
-                idempotency_key if isinstance(idempotency_key, str) else None,
-                conversation_id if isinstance(conversation_id, str) else None)
+            async with preparing(deadline):  # 503 in seconds if PostgreSQL or Redis hangs
+                principal = await authenticate_header(container, authorization)
+                self.authenticated = True
+                outcome = await prepare_as(
+                    container, "generate", principal, body,
+                    idempotency_key if isinstance(idempotency_key, str) else None,
+                    conversation_id if isinstance(conversation_id, str) else None)
             fmt = NativeFormat()
             events = await open_events(container, outcome, fmt, deadline)
             failed = False

@@ -8,6 +8,7 @@ the SSE relay (as the stream's error event) and the WebSocket consumer (as an er
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 
 from django.conf import settings
@@ -48,3 +49,26 @@ def as_api_error(exc: BaseException, where: str = "") -> ApiError:
         return deadline_exceeded()
     logger.error("unhandled error%s", f" in {where}" if where else "", exc_info=exc)
     return ApiError("Internal error.")
+
+
+@contextlib.asynccontextmanager
+async def preparing(deadline: float):
+    """Bounds everything before generation (authentication, limits, catalogue, tokenizer,
+    idempotency, quota: reads of PostgreSQL and Redis) by REQUEST_PREPARE_TIMEOUT_SECONDS: a
+    hung PostgreSQL (which, unlike Redis, has no read timeout) answers 503 in seconds instead
+    of holding the client until the request deadline. The thread stuck in the driver stays
+    stuck until PostgreSQL answers again; the client does not wait for it."""
+    loop = asyncio.get_running_loop()
+    bound = min(deadline, loop.time() + settings.REQUEST_PREPARE_TIMEOUT_SECONDS)
+    try:
+        async with asyncio.timeout_at(bound):
+            yield
+    except TimeoutError:
+        if loop.time() >= deadline:
+            raise deadline_exceeded() from None
+        logger.warning("request preparation took over %ss (database or Redis hung?)",
+                       settings.REQUEST_PREPARE_TIMEOUT_SECONDS)
+        raise ServiceUnavailable(
+            "The platform could not read its state in time (its database or Redis is slow "
+            "or unreachable); retry shortly.", code="dependency_timeout",
+            headers=_retry_after()) from None

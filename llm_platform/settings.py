@@ -76,9 +76,6 @@ DATABASES = {
         # out of connections under load). A psycopg pool per process bounds them instead: a
         # request borrows a connection and returns it when it closes.
         "CONN_MAX_AGE": 0,
-        # The pool checks a connection before lending it: after PostgreSQL restarts, requests
-        # get fresh connections instead of failing on the dead ones.
-        "CONN_HEALTH_CHECKS": True,
         "OPTIONS": {
             "pool": {
                 "min_size": env_int("DB_POOL_MIN_SIZE", 1),
@@ -229,6 +226,12 @@ REQUEST_KEEPALIVE_SECONDS = env_float("REQUEST_KEEPALIVE_SECONDS", 5.0)
 # stream): past it, 504 deadline_exceeded (or the stream's error event) and everything it
 # holds is released.
 REQUEST_DEADLINE_SECONDS = env_float("REQUEST_DEADLINE_SECONDS", 600.0)
+# Everything before generation (auth, limits, catalogue, tokenizer, idempotency, quota) must
+# finish within this, else 503 dependency_timeout: a hung PostgreSQL has no read timeout.
+REQUEST_PREPARE_TIMEOUT_SECONDS = env_float("REQUEST_PREPARE_TIMEOUT_SECONDS", 15.0)
+# Each PostgreSQL query of an API request or WebSocket message: past this its connection is cut
+# (503 database_unavailable; PostgreSQL has no read timeout of its own: llm_platform/db_watchdog.py).
+DB_QUERY_TIMEOUT_SECONDS = env_float("DB_QUERY_TIMEOUT_SECONDS", 5.0)
 # Each release step of a finishing request (slot, lease, idempotency, quota) waits at most
 # this long for Redis; what it could not release expires by itself (leases, pending keys).
 CLEANUP_STEP_TIMEOUT_SECONDS = env_float("CLEANUP_STEP_TIMEOUT_SECONDS", 3.0)

@@ -4,11 +4,13 @@ from __future__ import annotations
 import functools
 import logging
 
+from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
 from django.views.decorators.csrf import csrf_exempt
 
 from inference.errors import ApiError, MethodNotAllowed, NotFound, PayloadTooLarge
 from inference.faults import as_api_error
+from llm_platform.db_watchdog import query_timeout
 
 logger = logging.getLogger(__name__)
 
@@ -26,7 +28,9 @@ def api_endpoint(*methods: str):
                 if request.method not in methods:
                     raise MethodNotAllowed(f"Method {request.method} is not allowed here.",
                                            headers={"Allow": ", ".join(methods)})
-                return await view(request, *args, **kwargs)
+                # PostgreSQL has no read timeout: bound this request's queries.
+                with query_timeout(settings.DB_QUERY_TIMEOUT_SECONDS):
+                    return await view(request, *args, **kwargs)
             except ApiError as exc:
                 return exc.to_response()
             except RequestDataTooBig:

@@ -1,8 +1,6 @@
 """POST /v1/generate, /v1/chat/completions, /v1/completions: thin async views."""
 from __future__ import annotations
 
-import asyncio
-
 from django.conf import settings
 from django.http import JsonResponse, StreamingHttpResponse
 
@@ -10,12 +8,14 @@ from inference.container import current_container
 from inference.errors import ApiError, PayloadTooLarge
 from inference.formats import FORMATS
 from inference.pipeline import decode_body, prepare, quota_headers_for
-from inference.faults import deadline_exceeded
+from inference.faults import preparing
 from inference.relay import complete, open_events, request_deadline, sse_bytes
 from inference.views.errors import api_endpoint
 from inference.views.key_ratelimit import check_key_rate
 
 QUOTA_HEADER = "x-ratelimit-limit-requests"
+# Refusals because PostgreSQL or Redis hung: looking up the quota headers would hang as well.
+DEPENDENCY_FAILURES = frozenset({"dependency_timeout", "deadline_exceeded"})
 
 
 def _content_length(request) -> int:
@@ -36,16 +36,13 @@ async def _serve(request, endpoint: str):
         if _content_length(request) > settings.API_MAX_BODY_BYTES:
             raise PayloadTooLarge(f"The request body exceeds {settings.API_MAX_BODY_BYTES} bytes.")
         await check_key_rate(request)
-        try:
-            async with asyncio.timeout_at(deadline):
-                outcome = await prepare(container, endpoint, authorization,
-                                        decode_body(request.body),
-                                        request.headers.get("Idempotency-Key"),
-                                        request.headers.get("X-Conversation-Id"))
-        except TimeoutError:
-            raise deadline_exceeded() from None
+        async with preparing(deadline):  # 503 in seconds if PostgreSQL or Redis hangs
+            outcome = await prepare(container, endpoint, authorization,
+                                    decode_body(request.body),
+                                    request.headers.get("Idempotency-Key"),
+                                    request.headers.get("X-Conversation-Id"))
     except ApiError as exc:
-        if QUOTA_HEADER not in exc.headers:
+        if QUOTA_HEADER not in exc.headers and exc.code not in DEPENDENCY_FAILURES:
             exc.headers = {**await quota_headers_for(container, authorization), **exc.headers}
         raise
     quota_headers = outcome.quota_headers

@@ -1,12 +1,14 @@
 """A TCP proxy in a thread that a test can take down (listener closed, every connection cut:
-the server looks gone) and bring back up on the same port: PostgreSQL's faults for
-tests/e2e/test_database_faults.py without touching the shared server."""
+the server looks gone), bring back up on the same port, or freeze (connections stay open,
+nothing is forwarded: the server looks hung, like a SIGSTOPped one) and thaw: PostgreSQL's
+faults for tests/e2e/test_database_faults.py without touching the shared server."""
 from __future__ import annotations
 
 import contextlib
 import selectors
 import socket
 import threading
+import time
 
 from scripts.services import free_port
 
@@ -19,6 +21,7 @@ class TcpProxy:
         self._sockets: set[socket.socket] = set()
         self._listener: socket.socket | None = None
         self._stop = threading.Event()
+        self._frozen = threading.Event()
         self._thread: threading.Thread | None = None
 
     def up(self) -> "TcpProxy":
@@ -48,6 +51,12 @@ class TcpProxy:
                 sock.shutdown(socket.SHUT_RDWR)
             sock.close()
 
+    def freeze(self) -> None:
+        self._frozen.set()
+
+    def thaw(self) -> None:
+        self._frozen.clear()
+
     def _accept(self, listener: socket.socket) -> None:
         while not self._stop.is_set():
             try:
@@ -71,7 +80,10 @@ class TcpProxy:
                 sock.setblocking(True)
                 selector.register(sock, selectors.EVENT_READ)
             while not self._stop.is_set():
-                for key, _ in selector.select(timeout=0.5):
+                if self._frozen.is_set():  # hold every byte, in both directions
+                    time.sleep(0.05)
+                    continue
+                for key, _ in selector.select(timeout=0.1):
                     data = key.fileobj.recv(65536)
                     if not data:
                         return
