@@ -14,6 +14,7 @@ from urllib.parse import urlparse
 
 import httpx
 
+from scripts.children import spawn, stop_group, stop_on_signals
 from scripts.services import Services, ensure_database, ensure_services, free_port
 
 REPO = Path(__file__).resolve().parents[1]
@@ -38,10 +39,7 @@ class Fleet:
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGTERM)
         for proc in reversed(self.procs):
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
+            stop_group(proc, 60)
         self.services.stop()
 
 
@@ -61,9 +59,9 @@ def _wait(url: str, proc: subprocess.Popen, deadline_s: float) -> None:
 
 def _start(name: str, args: list[str], env: dict) -> subprocess.Popen:
     LOGS.mkdir(parents=True, exist_ok=True)
-    return subprocess.Popen([sys.executable, *args], cwd=REPO, env=env,
-                            stdout=open(LOGS / f"{name}.log", "wb"), stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    # Own process group; stopped at exit, on SIGTERM/SIGHUP, and by the kernel if we die.
+    return spawn([sys.executable, *args], cwd=REPO, env=env,
+                 stdout=open(LOGS / f"{name}.log", "wb"), stderr=subprocess.STDOUT)
 
 
 def _wait_port(port: int, proc: subprocess.Popen, deadline_s: float) -> None:
@@ -78,7 +76,9 @@ def start_fleet(replica: str = "smollm2", database: str = "llm_platform_bench",
     gRPC protocol with a model that costs nothing, to isolate what the platform itself adds).
     `database`: a benchmark's own database (start_fleet stops every replica registered there).
     `num_replicas` real replicas (started together), each with `replica_args` added to
-    `python -m replica.launch` (e.g. `--kv-cache-bytes N --num-threads 1`)."""
+    `python -m replica.launch` (e.g. `--kv-cache-bytes N --num-threads 1`).
+    An interrupted benchmark (SIGTERM, SIGHUP, Ctrl-C) stops the fleet too."""
+    stop_on_signals()
     services = ensure_services(REPO / "var", log=lambda *_: None)
     database_url = urlparse(services.database_url)._replace(path="/" + database).geturl()
     ensure_database(database_url)

@@ -33,6 +33,7 @@ from inference.router import (
 from inference.routing_stats import RoutingStats
 from inference.tokenization import TokenizerCache
 from inference.triton_client import TritonReplicaClient
+from llm_platform.redis_clients import async_redis
 from models_registry.rollouts.fallbacks import FallbackRecorder
 from tenants.buckets import TokenBuckets
 from tenants.selectors import LimitsCache
@@ -57,12 +58,13 @@ class Container:
 
     async def close(self) -> None:
         await self.signal_poller.stop()
+        await self.admission.close()
         await self.replica_client.close()
         await self.redis.aclose()
 
 
 def build_container(tokenizers: TokenizerCache) -> Container:
-    redis = aioredis.Redis.from_url(settings.REDIS_URL)
+    redis = async_redis()
     clock = time.monotonic
     prefix = settings.REDIS_KEY_PREFIX
     signals = SignalStore(redis, prefix, settings.ROUTER_SIGNALS_TTL_SECONDS)
@@ -90,7 +92,7 @@ def build_container(tokenizers: TokenizerCache) -> Container:
         ),
         router=Router(
             ReplicaDirectory(clock, settings.REGISTRY_CACHE_TTL_SECONDS),
-            OutstandingTokens(redis, prefix),
+            OutstandingTokens(redis, prefix, time.time, ttl_s=settings.ADMISSION_SLOT_TTL_SECONDS),
             random.Random(),
             routing,
             poller,
@@ -105,7 +107,8 @@ def build_container(tokenizers: TokenizerCache) -> Container:
         buckets=TokenBuckets(redis, prefix, time.time),
         admission=AdmissionQueue(redis, prefix, time.time,
                                  ADMISSION_POLICIES[settings.ADMISSION_POLICY](),
-                                 max_queue=settings.ADMISSION_MAX_QUEUE),
+                                 max_queue=settings.ADMISSION_MAX_QUEUE,
+                                 slot_ttl_s=settings.ADMISSION_SLOT_TTL_SECONDS),
         signal_poller=poller,
         rollouts=RolloutCatalog(clock, settings.REGISTRY_CACHE_TTL_SECONDS),
         # Wall-clock minutes: the evaluator reads them in another process.

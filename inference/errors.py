@@ -115,3 +115,11 @@ class ModelFailed(ApiError):
     status = 500
     type = "server_error"
     code = "model_error"
+
+
+class DeadlineExceeded(ApiError):
+    """The request ran past settings.REQUEST_DEADLINE_SECONDS; what it held was released."""
+
+    status = 504
+    type = "server_error"
+    code = "deadline_exceeded"

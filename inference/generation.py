@@ -6,9 +6,13 @@ is retried on another ready replica (at most settings.ROUTER_MAX_ATTEMPTS replic
 retried: input the replica refused (400), a request that failed alone inside a working replica
 (500 model_error) and a request in flight when its replica's engine died (503; the replica is
 dropped from routing at once and marked failed). A request refused by an already dead engine is
-retried elsewhere. Whatever
-happens (finish, error, client disconnect) the lease is released, one usage row is recorded
-and the Idempotency-Key is either completed with the reply or abandoned.
+retried elsewhere. Whatever happens (finish, error, client disconnect, Redis or PostgreSQL
+failing) the admission slot and the replica lease are released, one usage row is recorded and the
+Idempotency-Key is either completed with the reply or abandoned. While the request runs, a
+KeepAlive refreshes the slot, the lease and the pending key (all expiring leases in Redis); each
+release step waits at most settings.CLEANUP_STEP_TIMEOUT_SECONDS, and whatever a failing Redis
+kept is reclaimed when its lease expires (settings.ADMISSION_SLOT_TTL_SECONDS,
+IDEMPOTENCY_PENDING_TTL_SECONDS).
 """
 from __future__ import annotations
 
@@ -28,6 +32,7 @@ from inference.admission import QueueFull, QueueTimeout, Slot, Waiter
 from inference.container import Container
 from inference.db_connection import release_db_connection
 from inference.errors import InvalidRequest, ModelFailed, ReplicaDied, ReplicaFailed, ServiceUnavailable
+from inference.keepalive import KeepAlive
 from inference.pipeline import Prepared, record_fallback, retarget
 from inference.quota import settle
 from inference.replica_client import (
@@ -156,19 +161,37 @@ async def _admit(container: Container, prepared: Prepared) -> Slot | None:
         ) from None
 
 
+async def _bounded(step, what: str, request_id: str) -> None:
+    """One cleanup step, shielded from cancellation and bounded in time; a failure is logged
+    (what it would have released expires by itself)."""
+    try:
+        await asyncio.wait_for(asyncio.shield(step), settings.CLEANUP_STEP_TIMEOUT_SECONDS)
+    except Exception as exc:  # noqa: BLE001 - never fail or hang a request in its cleanup
+        logger.warning("%s failed for %s: %r", what, request_id, exc)
+
+
 async def generate(container: Container, prepared: Prepared) -> AsyncIterator[Delta | Done]:
     clock = container.clock
     progress = _Progress(started=clock())
     result: Result | None = None
     slot: Slot | None = None
     current = prepared  # becomes the stable version if a canary cannot serve the request
+    keepalive = KeepAlive(settings.REQUEST_KEEPALIVE_SECONDS,
+                          settings.CLEANUP_STEP_TIMEOUT_SECONDS,
+                          max_s=settings.REQUEST_DEADLINE_SECONDS + 60)
+    if prepared.claim is not None:
+        claim = prepared.claim
+        keepalive.hold("idempotency", lambda: container.idempotency.refresh(claim))
     try:
         while True:
             tried: set[int] = set()
             try:
                 slot = await _admit(container, current)
+                if slot is not None:
+                    keepalive.hold("slot", slot.refresh)
                 # aclosing: a client that goes away closes the replica's stream at once.
-                async with aclosing(_stream(container, current, progress, tried)) as deltas:
+                async with aclosing(_stream(container, current, progress, tried,
+                                            keepalive)) as deltas:
                     async for delta in deltas:
                         yield delta
                 break
@@ -178,6 +201,7 @@ async def generate(container: Container, prepared: Prepared) -> AsyncIterator[De
                 if (current.fallback is None or progress.first_token_at is not None
                         or isinstance(exc, ReplicaDied)):
                     raise
+                keepalive.drop("slot")
                 slot = await _release_slot(slot, current)
                 await record_fallback(container, current.rollout_id, FAILED if tried else UNAVAILABLE)
                 logger.warning("canary %s of rollout %s could not serve %s; falling back to "
@@ -205,7 +229,7 @@ async def generate(container: Container, prepared: Prepared) -> AsyncIterator[De
         raise
     finally:
         # Shielded: a second cancellation must not lose the usage row or the key's state.
-        await asyncio.shield(_finish(container, current, progress, result, slot))
+        await asyncio.shield(_finish(container, current, progress, result, slot, keepalive))
 
 
 async def _report(outcome) -> None:
@@ -218,7 +242,7 @@ async def _report(outcome) -> None:
 
 
 async def _stream(container: Container, prepared: Prepared, progress: _Progress,
-                  tried: set[int]) -> AsyncIterator[Delta]:
+                  tried: set[int], keepalive: KeepAlive) -> AsyncIterator[Delta]:
     """Stream from a ready replica of `prepared.target` until the final chunk (in
     `progress.final`); a replica failing before the first token is retried on another (at most
     ROUTER_MAX_ATTEMPTS); each outcome is reported to the router (circuit, prefix index)."""
@@ -244,9 +268,10 @@ async def _stream(container: Container, prepared: Prepared, progress: _Progress,
                 headers={"Retry-After": str(settings.NO_REPLICA_RETRY_AFTER_SECONDS)},
             ) from None
         tried.add(lease.replica.replica_id)
-        await release_db_connection()  # not held while streaming
         progress.replica_id = lease.replica.replica_id
+        keepalive.hold("lease", lease.refresh)
         try:
+            await release_db_connection()  # not held while streaming
             async with aclosing(
                 container.replica_client.stream(lease.replica.grpc_address, request)
             ) as chunks:
@@ -254,7 +279,8 @@ async def _stream(container: Container, prepared: Prepared, progress: _Progress,
                     progress.last = chunk
                     if progress.first_token_at is None:
                         progress.first_token_at = clock()
-                        await lease.release_prompt()
+                        # Best effort: the lease gives back the rest (or expires) at the end.
+                        await _report(lease.release_prompt())
                         await _report(container.router.first_token(lease))
                     if chunk.text:
                         progress.deltas.append(chunk.text)
@@ -292,7 +318,8 @@ async def _stream(container: Container, prepared: Prepared, progress: _Progress,
                                     headers={"Retry-After": "1"}) from exc
             continue
         finally:
-            await asyncio.shield(lease.release())
+            keepalive.drop("lease")
+            await _bounded(lease.release(), "lease release", prepared.request_id)
         if progress.final is None:
             raise ReplicaFailed("The replica ended the stream without a final response.")
         await _report(container.router.finished(
@@ -302,33 +329,29 @@ async def _stream(container: Container, prepared: Prepared, progress: _Progress,
 
 
 async def _release_slot(slot: Slot | None, prepared: Prepared) -> None:
-    if slot is not None:
-        try:
-            await slot.release()
-        except Exception:  # noqa: BLE001 - the slot expires after its TTL anyway
-            logger.exception("admission slot release failed for %s", prepared.request_id)
+    if slot is not None:  # on failure the slot's lease expires (ADMISSION_SLOT_TTL_SECONDS)
+        await _bounded(slot.release(), "admission slot release", prepared.request_id)
     return None
 
 
 async def _finish(container: Container, prepared: Prepared, progress: _Progress,
-                  result: Result | None, slot: Slot | None) -> None:
+                  result: Result | None, slot: Slot | None, keepalive: KeepAlive) -> None:
+    await keepalive.stop()
     await _release_slot(slot, prepared)
-    try:
-        if prepared.claim is not None:
-            if result is not None:
-                await container.idempotency.complete(prepared.claim, result.to_dict())
-            else:
-                await container.idempotency.abandon(prepared.claim)
-    except Exception:  # noqa: BLE001 - a Redis hiccup must not lose the usage row
-        logger.exception("idempotency bookkeeping failed for %s", prepared.request_id)
+    if prepared.claim is not None:  # on failure the pending key expires (its TTL)
+        if result is not None:
+            step = container.idempotency.complete(prepared.claim, result.to_dict())
+        else:
+            step = container.idempotency.abandon(prepared.claim)
+        await _bounded(step, "idempotency bookkeeping", prepared.request_id)
     last = progress.final or progress.last
     now = container.clock()
     event = _usage_event(prepared, progress, last, now)
-    try:
-        # Charged what it used, whatever the end (finished, failed, cancelled).
-        await settle(container.buckets, prepared.charge, event.input_tokens + event.output_tokens)
-    except Exception:  # noqa: BLE001 - the bucket refills anyway; the reply stands
-        logger.exception("quota correction failed for %s", prepared.request_id)
+    # Charged what it used, whatever the end (finished, failed, cancelled); on failure the
+    # bucket keeps the estimate, which refills anyway.
+    await _bounded(settle(container.buckets, prepared.charge,
+                          event.input_tokens + event.output_tokens),
+                   "quota correction", prepared.request_id)
     try:
         await record_usage(event)
     except Exception:  # noqa: BLE001 - the reply stands; issue 7's outbox makes this durable

@@ -3,7 +3,8 @@
 States of one key: absent -> pending (this request is running; its owner token inside) ->
 done (the stored reply, kept `ttl_seconds`) or absent again (the request failed or was
 cancelled, so the client may retry with the same key). A pending entry expires after
-`pending_ttl_seconds` so a crashed process cannot block the key for a day.
+`pending_ttl_seconds` so a crashed process cannot block the key for long: the running request
+refreshes it (`refresh`, from its KeepAlive) well within that TTL.
 """
 from __future__ import annotations
 
@@ -21,6 +22,15 @@ _ABANDON_SCRIPT = """
 local value = redis.call('GET', KEYS[1])
 if value and cjson.decode(value)['owner'] == ARGV[1] then
   return redis.call('DEL', KEYS[1])
+end
+return 0
+"""
+
+# Extend the pending entry only while this owner still holds it.
+_REFRESH_SCRIPT = """
+local value = redis.call('GET', KEYS[1])
+if value and cjson.decode(value)['owner'] == ARGV[1] then
+  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
 end
 return 0
 """
@@ -63,6 +73,7 @@ class IdempotencyStore:
         self._ttl_ms = ttl_seconds * 1000
         self._pending_ttl_ms = pending_ttl_seconds * 1000
         self._abandon = redis.register_script(_ABANDON_SCRIPT)
+        self._refresh = redis.register_script(_REFRESH_SCRIPT)
 
     def _redis_key(self, tenant_id: int, key: str) -> str:
         digest = hashlib.sha256(key.encode("utf-8")).hexdigest()
@@ -96,3 +107,8 @@ class IdempotencyStore:
 
     async def abandon(self, claim: Claim) -> None:
         await self._abandon(keys=[claim.redis_key], args=[claim.owner])
+
+    async def refresh(self, claim: Claim) -> bool:
+        """Keep the pending entry alive while its request runs; False once it is not ours."""
+        return bool(await self._refresh(keys=[claim.redis_key],
+                                        args=[claim.owner, self._pending_ttl_ms]))

@@ -129,10 +129,13 @@ async def quota_headers_for(container: Container, authorization: str | None) -> 
     """The x-ratelimit-* headers for a refusal raised before the bucket check: the tenant's
     buckets as they are, nothing charged. Empty when the key does not authenticate (or Redis
     fails: the refusal itself must still go out)."""
-    try:
+    async def lookup() -> dict[str, str]:
         principal = await authenticate_header(container, authorization)
         limits = await container.limits.get(principal.tenant_id)
         return await current_headers(container.buckets, limits)
+
+    try:  # bounded: a slow dependency must not hold the refusal
+        return await asyncio.wait_for(lookup(), settings.CLEANUP_STEP_TIMEOUT_SECONDS)
     except Exception:  # noqa: BLE001 - headers are best effort on an error reply
         return {}
 

@@ -80,14 +80,26 @@ DATABASES = {
             "pool": {
                 "min_size": env_int("DB_POOL_MIN_SIZE", 1),
                 "max_size": env_int("DB_POOL_MAX_SIZE", 8),
-                "timeout": env_int("DB_POOL_TIMEOUT_SECONDS", 10),
-            }
+                "timeout": env_float("DB_POOL_TIMEOUT_SECONDS", 5.0),
+            },
+            # PostgreSQL unreachable: a new connection fails within this (libpq, whole seconds),
+            # and the API answers 503 + Retry-After (inference/views/errors.py).
+            "connect_timeout": env_int("DB_CONNECT_TIMEOUT_SECONDS", 2),
         },
     }
 }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 REDIS_URL = env_str("REDIS_URL", "redis://127.0.0.1:6379/0")
+# Every Redis client (llm_platform/redis_clients.py): a hung or unreachable Redis fails a command
+# within these bounds (the API answers 503 + Retry-After); a pool that is busy makes a command
+# wait up to REDIS_POOL_TIMEOUT_SECONDS for a connection instead of failing at once.
+REDIS_CONNECT_TIMEOUT_SECONDS = env_float("REDIS_CONNECT_TIMEOUT_SECONDS", 1.0)
+REDIS_SOCKET_TIMEOUT_SECONDS = env_float("REDIS_SOCKET_TIMEOUT_SECONDS", 2.0)
+REDIS_POOL_MAX_SIZE = env_int("REDIS_POOL_MAX_SIZE", 64)
+REDIS_POOL_TIMEOUT_SECONDS = env_float("REDIS_POOL_TIMEOUT_SECONDS", 2.0)
+# Retry-After (seconds) with the 503 when Redis or PostgreSQL fails a request.
+DEPENDENCY_RETRY_AFTER_SECONDS = env_int("DEPENDENCY_RETRY_AFTER_SECONDS", 1)
 # Every platform key in Redis starts with this, so several deployments (or test runs) can
 # share one Redis without seeing each other's counters.
 REDIS_KEY_PREFIX = env_str("REDIS_KEY_PREFIX", "llmp:")
@@ -95,7 +107,11 @@ REDIS_KEY_PREFIX = env_str("REDIS_KEY_PREFIX", "llmp:")
 CHANNEL_LAYERS = {
     "default": {
         "BACKEND": "channels_redis.core.RedisChannelLayer",
-        "CONFIG": {"hosts": [REDIS_URL], "prefix": REDIS_KEY_PREFIX + "asgi"},
+        # channels_redis blocks up to 5 s per receive (BRPOP): its read timeout is above that.
+        "CONFIG": {"hosts": [{"address": REDIS_URL,
+                               "socket_timeout": max(10.0, REDIS_SOCKET_TIMEOUT_SECONDS),
+                               "socket_connect_timeout": REDIS_CONNECT_TIMEOUT_SECONDS}],
+                   "prefix": REDIS_KEY_PREFIX + "asgi"},
     }
 }
 
@@ -153,8 +169,9 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = API_MAX_BODY_BYTES
 # through the service also deletes the cache entry at once.
 API_KEY_CACHE_SECONDS = env_float("API_KEY_CACHE_SECONDS", 5.0)
 IDEMPOTENCY_TTL_SECONDS = env_int("IDEMPOTENCY_TTL_SECONDS", 24 * 3600)
-# How long a request holds its Idempotency-Key "in flight" if its process dies mid-request.
-IDEMPOTENCY_PENDING_TTL_SECONDS = env_int("IDEMPOTENCY_PENDING_TTL_SECONDS", 15 * 60)
+# How long a request holds its Idempotency-Key "in flight" if its process dies mid-request
+# (the running request refreshes it every REQUEST_KEEPALIVE_SECONDS).
+IDEMPOTENCY_PENDING_TTL_SECONDS = env_int("IDEMPOTENCY_PENDING_TTL_SECONDS", 60)
 # Retry-After (seconds) sent with 503 when no replica of the model is ready.
 NO_REPLICA_RETRY_AFTER_SECONDS = env_int("NO_REPLICA_RETRY_AFTER_SECONDS", 5)
 # How many replicas a request tries when one fails before its first token.
@@ -200,6 +217,26 @@ ADMISSION_POLICY = env_str("ADMISSION_POLICY", "fair_share")
 # Whether the engine shares capacity fairly between tenants (the platform sends the tenant as
 # the engine's fair-share unit); off only to measure the baseline (benchmarks/fairness.py).
 ENGINE_FAIR_SHARE = env_bool("ENGINE_FAIR_SHARE", True)
+# An admission slot is a lease: it expires this long after its holder last refreshed it (the
+# holder refreshes it, its outstanding-token lease and its pending Idempotency-Key every
+# REQUEST_KEEPALIVE_SECONDS while the request runs); a dead process's slots come back by then.
+ADMISSION_SLOT_TTL_SECONDS = env_float("ADMISSION_SLOT_TTL_SECONDS", 30.0)
+REQUEST_KEEPALIVE_SECONDS = env_float("REQUEST_KEEPALIVE_SECONDS", 5.0)
+# Every request gets its final answer within this bound (the whole reply, or the end of its
+# stream): past it, 504 deadline_exceeded (or the stream's error event) and everything it
+# holds is released.
+REQUEST_DEADLINE_SECONDS = env_float("REQUEST_DEADLINE_SECONDS", 600.0)
+# Everything before generation (auth, limits, catalogue, tokenizer, idempotency, quota) must
+# finish within this, else 503 dependency_timeout: a hung PostgreSQL has no read timeout.
+REQUEST_PREPARE_TIMEOUT_SECONDS = env_float("REQUEST_PREPARE_TIMEOUT_SECONDS", 15.0)
+# Each PostgreSQL query of an API request or WebSocket message: past this its connection is cut
+# (503 database_unavailable; PostgreSQL has no read timeout of its own: llm_platform/db_watchdog.py).
+DB_QUERY_TIMEOUT_SECONDS = env_float("DB_QUERY_TIMEOUT_SECONDS", 5.0)
+# Each release step of a finishing request (slot, lease, idempotency, quota) waits at most
+# this long for Redis; what it could not release expires by itself (leases, pending keys).
+CLEANUP_STEP_TIMEOUT_SECONDS = env_float("CLEANUP_STEP_TIMEOUT_SECONDS", 3.0)
+# A WebSocket that has not sent an authenticated request within this long is closed.
+WEBSOCKET_AUTH_TIMEOUT_SECONDS = env_float("WEBSOCKET_AUTH_TIMEOUT_SECONDS", 10.0)
 # Retry-After (seconds) with the 503 for a full queue.
 ADMISSION_FULL_RETRY_AFTER_SECONDS = env_int("ADMISSION_FULL_RETRY_AFTER_SECONDS", 2)
 # Console (admin) login attempts per client address.
@@ -211,7 +248,9 @@ CACHES = {
         "LOCATION": REDIS_URL,
         "KEY_PREFIX": REDIS_KEY_PREFIX + "cache",
         # One pool per process, not one per request context (llm_platform/cache.py).
-        "OPTIONS": {"pool_class": "llm_platform.cache.SharedConnectionPool"},
+        "OPTIONS": {"pool_class": "llm_platform.cache.SharedConnectionPool",
+                    "socket_timeout": REDIS_SOCKET_TIMEOUT_SECONDS,
+                    "socket_connect_timeout": REDIS_CONNECT_TIMEOUT_SECONDS},
     }
 }
 

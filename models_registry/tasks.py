@@ -1,10 +1,10 @@
 import asyncio
 
-import redis
 from celery import shared_task
 from django.conf import settings
 from django.utils import timezone
 
+from llm_platform.redis_clients import sync_redis
 from models_registry import agent_tasks  # noqa: F401 - registers the node agent's tasks
 from models_registry.autoscaling import FleetContext, autoscale_all
 from models_registry.dispatch import CeleryDispatcher
@@ -25,7 +25,7 @@ def fleet_context(client) -> FleetContext:
 
 @shared_task(ignore_result=True)
 def autoscale() -> list[str]:
-    client = redis.Redis.from_url(settings.REDIS_URL)
+    client = sync_redis(max_connections=4)  # timeouts: llm_platform/redis_clients.py
     try:
         return [f"{d.model_version_id}:{d.action}:{d.desired_replicas}"
                 for d in autoscale_all(timezone.now(), fleet_context(client))]
@@ -46,7 +46,7 @@ def evaluate_rollouts() -> dict[int, str]:
     from models_registry.rollouts.evaluator import RolloutEvaluator  # noqa: PLC0415
     from models_registry.rollouts.replica_probe import ReplicaProbe  # noqa: PLC0415
 
-    client = redis.Redis.from_url(settings.REDIS_URL)
+    client = sync_redis(max_connections=4)  # timeouts: llm_platform/redis_clients.py
     try:
         evaluator = RolloutEvaluator(
             clock=timezone.now, redis=client, key_prefix=settings.REDIS_KEY_PREFIX,

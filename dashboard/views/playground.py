@@ -14,7 +14,8 @@ from django.shortcuts import render
 from dashboard.access import member_view, membership_of
 from dashboard.selectors import playground_models
 from inference.container import current_container
-from inference.errors import ApiError, InvalidRequest, MethodNotAllowed, Unauthorized
+from inference.errors import InvalidRequest, MethodNotAllowed, Unauthorized
+from inference.faults import as_api_error
 from inference.formats.native import NativeFormat
 from inference.pipeline import prepare_as
 from inference.relay import open_events, sse_bytes
@@ -82,8 +83,8 @@ async def stream(request):
         fmt = NativeFormat()
         outcome = await prepare_as(container, "generate", principal, body, None)
         events = await open_events(container, outcome, fmt)
-    except ApiError as exc:
-        return exc.to_response()
+    except Exception as exc:  # noqa: BLE001 - Redis/PostgreSQL down: 503 JSON, never a page
+        return as_api_error(exc, request.path).to_response()
     response = StreamingHttpResponse(sse_bytes(fmt, events), content_type="text/event-stream")
     response["Cache-Control"] = "no-cache"
     response["X-Accel-Buffering"] = "no"
