@@ -94,7 +94,7 @@ NO_OPS: dict[str, dict[str, NoOp]] = {
     },
     "completions": {
         **_CHAT_AND_COMPLETIONS,
-        "logprobs": NoOp(_null, "null"),
+        "logprobs": NoOp(_one_of(False), "false"),  # an integer when implemented
         "best_of": NoOp(_one_of(1), "1"),
         "suffix": NoOp(_one_of(""), '""'),
     },
@@ -125,9 +125,10 @@ def _check(obj: dict, accepted: Collection[str], no_ops: dict[str, NoOp], path: 
             raise InvalidRequest(f"Unrecognized request argument supplied: '{param}'.",
                                  code="unknown_parameter", param=param)
         if not no_op.accepts(value):
+            values = no_op.values if no_op.values == "null" else f"{no_op.values} or null"
             raise InvalidRequest(
                 f"Unsupported parameter: '{param}' is not implemented by this platform; it is "
-                f"accepted only with a value that changes nothing ({no_op.values}, or null).",
+                f"accepted only with a value that changes nothing: {values}.",
                 code="unsupported_parameter", param=param)
 
 
