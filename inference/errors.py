@@ -53,7 +53,7 @@ class Unauthorized(ApiError):
     code = "invalid_api_key"
 
 
-class PermissionDenied(ApiError):
+class Forbidden(ApiError):
     status = 403
     type = "permission_error"
     code = "tenant_suspended"

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from inference.errors import InvalidRequest, PermissionDenied, RateLimited
+from inference.errors import Forbidden, InvalidRequest, RateLimited
 from tenants.buckets import BucketState, TokenBuckets
 from tenants.selectors import Limits
 
@@ -55,7 +55,7 @@ async def admit(buckets: TokenBuckets, limits: Limits, num_prompt_tokens: int,
                 max_tokens: int) -> Charge:
     if limits.suspended:
         # 403, not 429: waiting never helps, and clients retry a 429 on their own.
-        raise PermissionDenied(
+        raise Forbidden(
             f"This tenant is suspended: its limits are {limits.requests_per_minute} "
             f"requests/min (burst {limits.request_burst}) and {limits.tokens_per_minute} "
             f"tokens/min (burst {limits.token_burst}), so no request can be admitted. Ask the "
