@@ -2,7 +2,8 @@
 
 The estimate is prompt tokens + max_tokens. `admit` charges it to the tenant's buckets or
 raises 429 (Retry-After: whole seconds until this request would fit), 400 (the estimate can
-never fit the token bucket) or 403 `tenant_suspended` (a limit of 0: nothing ever fits). `settle` corrects the tokens bucket with what the request used.
+never fit the token bucket) or 403 `tenant_suspended` (a limit of 0: nothing ever fits).
+`settle` corrects the tokens bucket with what the request used.
 `current_headers` reports the buckets without charging, for replies that never reach `admit`.
 """
 from __future__ import annotations
