@@ -100,6 +100,10 @@ class StreamConsumer(AsyncWebsocketConsumer):
             api_key = body.pop("api_key", None)
             idempotency_key = body.pop("idempotency_key", None)
             conversation_id = body.pop("conversation_id", None)
+            for name, value in (("idempotency_key", idempotency_key),
+                                ("conversation_id", conversation_id)):
+                if value is not None and not isinstance(value, str):
+                    raise InvalidRequest(f"{name} must be a string.", param=name)
             authorization = _header(self.scope, b"authorization")
             if authorization is None and isinstance(api_key, str):
                 authorization = f"Bearer {api_key}"

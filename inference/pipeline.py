@@ -3,7 +3,6 @@ the Idempotency-Key. Shared by the HTTP views and the WebSocket consumer."""
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import uuid
 from dataclasses import dataclass, replace
@@ -16,11 +15,11 @@ from inference.container import Container
 from inference.errors import (
     InvalidRequest,
     NotFound,
-    PayloadTooLarge,
     ServiceUnavailable,
     Unauthorized,
 )
 from inference.idempotency import Claim, Replay, fingerprint, validate_key
+from inference.json_body import decode_json
 from inference.quota import Charge, admit, current_headers
 from inference.schemas import GenerationRequest, parse_request
 from models_registry.rollouts.fallbacks import FAILED, UNAVAILABLE
@@ -75,12 +74,8 @@ async def authenticate_header(container: Container, authorization: str | None) -
 
 
 def decode_body(raw_body: bytes) -> object:
-    if len(raw_body) > settings.API_MAX_BODY_BYTES:
-        raise PayloadTooLarge(f"The request body exceeds {settings.API_MAX_BODY_BYTES} bytes.")
-    try:
-        return json.loads(raw_body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InvalidRequest(f"Malformed JSON body: {exc}", code="invalid_json") from exc
+    """The body as JSON with json_body's invariants (bounded, finite, valid Unicode)."""
+    return decode_json(raw_body, settings.API_MAX_BODY_BYTES)
 
 
 async def _tokenize(container: Container, target: ServingVersion, request: GenerationRequest):
