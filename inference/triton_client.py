@@ -3,6 +3,9 @@
 Tensor interface (mirrors Triton's vLLM backend): inputs text_input, stream, sampling_parameters
 (JSON), exclude_input_in_output, input_ids, priority, cache_salt, tenant; outputs per response
 text_output, finish_reason, num_input_tokens, num_output_tokens, num_cached_tokens, final.
+
+Every call carries the replica access token (replica/access.py): a replica started by a node
+agent refuses calls without it.
 """
 from __future__ import annotations
 
@@ -23,6 +26,7 @@ from inference.replica_client import (
     ReplicaStreamError,
     ReplicaUnavailable,
 )
+from replica.access import grpc_headers
 
 INVALID_PREFIX = "invalid request:"
 _UNAVAILABLE_CODES = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
@@ -99,9 +103,10 @@ class TritonReplicaClient:
     """One gRPC channel per replica address (channels are bound to the event loop that made
     them, so one instance per loop: see inference.container)."""
 
-    def __init__(self, first_token_timeout: float, token_timeout: float):
+    def __init__(self, first_token_timeout: float, token_timeout: float, access_token: str = ""):
         self._first_token_timeout = first_token_timeout
         self._token_timeout = token_timeout
+        self._headers = grpc_headers(access_token)
         self._clients: dict[str, triton_aio.InferenceServerClient] = {}
 
     def _client(self, address: str) -> triton_aio.InferenceServerClient:
@@ -118,7 +123,7 @@ class TritonReplicaClient:
             yield {"model_name": request.model_name, "inputs": inputs,
                    "request_id": request.request_id}
 
-        call = self._client(address).stream_infer(requests())
+        call = self._client(address).stream_infer(requests(), headers=self._headers)
         finished = False
         timeout = self._first_token_timeout
         try:

@@ -33,6 +33,17 @@ def env_list(name: str, default: list[str]) -> list[str]:
     return [item.strip() for item in raw.split(",") if item.strip()]
 
 
+def env_pair(name: str) -> tuple[str, str] | None:
+    """`"A,B"` -> ("A", "B"); unset or empty -> None. Anything else is refused at startup."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return None
+    first, sep, second = (part.strip() for part in raw.partition(","))
+    if not sep or not first or not second or "," in second:
+        raise ValueError(f"{name} must be two comma-separated values, e.g. HTTP_X_FORWARDED_PROTO,https")
+    return first, second
+
+
 def parse_database_url(url: str) -> dict:
     """`postgres://user:pass@host:port/name?sslmode=...` -> a Django DATABASES entry.
 
