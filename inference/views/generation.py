@@ -10,7 +10,6 @@ from inference.formats import FORMATS
 from inference.pipeline import decode_body, prepare, quota_headers_for
 from inference.relay import complete, open_events, sse_bytes
 from inference.views.errors import api_endpoint
-from inference.views.key_ratelimit import check_key_rate
 
 QUOTA_HEADER = "x-ratelimit-limit-requests"
 
@@ -31,7 +30,6 @@ async def _serve(request, endpoint: str):
     try:
         if _content_length(request) > settings.API_MAX_BODY_BYTES:
             raise PayloadTooLarge(f"The request body exceeds {settings.API_MAX_BODY_BYTES} bytes.")
-        await check_key_rate(request)
         outcome = await prepare(container, endpoint, authorization, decode_body(request.body),
                                 request.headers.get("Idempotency-Key"),
                                 request.headers.get("X-Conversation-Id"))
