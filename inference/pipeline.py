@@ -70,7 +70,8 @@ async def authenticate_header(container: Container, authorization: str | None) -
                            code="missing_api_key")
     try:
         return await authenticate(token, container.redis, container.key_prefix,
-                                  settings.API_KEY_CACHE_SECONDS)
+                                  settings.API_KEY_CACHE_SECONDS,
+                                  settings.API_KEY_NEGATIVE_CACHE_SECONDS)
     except AuthenticationFailed as exc:
         raise Unauthorized(str(exc)) from exc
 
