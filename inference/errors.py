@@ -53,6 +53,12 @@ class Unauthorized(ApiError):
     code = "invalid_api_key"
 
 
+class Forbidden(ApiError):
+    status = 403
+    type = "permission_error"
+    code = "forbidden"
+
+
 class NotFound(ApiError):
     status = 404
     type = "not_found_error"
