@@ -92,3 +92,11 @@ def test_the_agent_passes_the_token_in_the_environment_not_the_command_line():
     assert not {"SECRET_KEY", "REPLICA_SECRET", "DATABASE_URL"} & set(env)
     assert "ab12" not in " ".join(command)
     assert TOKEN_ENV not in replica_environment({}, "")
+
+
+def test_replicatoken_prints_the_platform_token(settings, capsys):
+    from django.core.management import call_command
+
+    call_command("replicatoken")
+    assert capsys.readouterr().out.strip() == settings.REPLICA_ACCESS_TOKEN == access_token(
+        settings.REPLICA_SECRET)
