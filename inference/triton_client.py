@@ -29,6 +29,7 @@ from inference.replica_client import (
 from replica.access import grpc_headers
 
 INVALID_PREFIX = "invalid request:"
+RESTRICTED = "This protocol is restricted"  # Triton's refusal of a call without the token
 _UNAVAILABLE_CODES = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
 
 
@@ -86,6 +87,10 @@ def parse_chunk(result) -> ReplicaChunk:
 
 
 def classify(error: Exception) -> Exception:
+    text = error.details() if isinstance(error, grpc.aio.AioRpcError) else str(error)
+    if RESTRICTED in (text or ""):
+        return ReplicaUnavailable("the replica refused the platform's access token "
+                                  "(was it started with another REPLICA_SECRET?)")
     if isinstance(error, grpc.aio.AioRpcError):
         if error.code() in _UNAVAILABLE_CODES:
             return ReplicaUnavailable(error.details() or str(error.code()))

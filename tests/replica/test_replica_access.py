@@ -84,7 +84,9 @@ async def _direct_stream(url: str, headers: dict | None) -> tuple[int, list[str]
             else:
                 responses += 1
     except grpc.aio.AioRpcError as exc:  # the stream's status: UNAVAILABLE, "...restricted..."
-        errors.append(exc.details() or "")
+        errors.append(f"{exc.code()}: {exc.details()}")
+    except InferenceServerException as exc:
+        errors.append(str(exc))
     finally:
         await client.close()
     return responses, errors
@@ -92,8 +94,8 @@ async def _direct_stream(url: str, headers: dict | None) -> tuple[int, list[str]
 
 def test_direct_grpc_stream_without_the_token_is_refused(server):
     responses, errors = asyncio.run(_direct_stream(server.grpc_url, None))
-    assert responses == 0
-    assert errors and "restricted" in errors[0], errors
+    assert (responses, len(errors)) == (0, 1), errors
+    assert "restricted" in errors[0], errors
 
 
 def test_direct_grpc_stream_with_a_wrong_token_is_refused(server):
@@ -156,6 +158,24 @@ def test_the_platform_client_with_the_token_is_served(server):
 
     chunks = asyncio.run(generate())
     assert chunks[-1].final and chunks[-1].num_output_tokens == 2
+
+
+def test_the_platform_client_with_another_token_is_told_why(server):
+    from inference.replica_client import ReplicaUnavailable
+
+    async def generate():
+        client = TritonReplicaClient(first_token_timeout=120, token_timeout=60,
+                                     access_token=access_token("another platform"))
+        request = ReplicaRequest(request_id="access-2", model_name=MODEL, prompt_text="Hello",
+                                 prompt_token_ids=None, max_tokens=2, temperature=0.0, top_p=1.0,
+                                 seed=0, stop=(), priority=1, tenant="t1")
+        try:
+            return [chunk async for chunk in client.stream(server.grpc_url, request)]
+        finally:
+            await client.close()
+
+    with pytest.raises(ReplicaUnavailable, match="access token"):
+        asyncio.run(generate())
 
 
 def test_http_inference_needs_the_token_too(server):
