@@ -69,8 +69,11 @@ def test_agent_replica_serves_the_platform_and_refuses_direct_calls(transactiona
         replica = ready().get()  # warmed up by the agent: its client sent the token
         assert replica.grpc_address.startswith("127.0.0.1:")
 
-        refusal = asyncio.run(_direct_call(replica.grpc_address))
-        assert "restricted" in refusal, refusal
+        # grpc's client may read "Internal error from Core" instead of the status when the
+        # server ends a stream it is still writing (tests/replica/test_replica_access.py).
+        refusals = [asyncio.run(_direct_call(replica.grpc_address)) for _ in range(3)]
+        assert all("restricted" in r or "Internal error from Core" in r for r in refusals), refusals
+        assert any("restricted" in r for r in refusals), refusals
 
         assert async_to_sync(check_replicas)()[replica.pk] == "ready"  # with the token
         response = httpx.post(live_server_url + "/v1/generate", timeout=120,

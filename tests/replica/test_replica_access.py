@@ -70,6 +70,17 @@ def _request(prompt: str = "Hello") -> list[InferInput]:
     return [text, params, tenant, priority]
 
 
+# grpc's own race, not Triton's: when a server ends a bidirectional call while the client is
+# still writing its request, the client can read this instead of the server's status (seen 1
+# in ~10 runs here; reported for grpc aio elsewhere too). The call is refused all the same.
+GRPC_CLIENT_RACE = "StatusCode.INTERNAL: Internal error from Core"
+
+
+def _refused(responses: int, errors: list[str]) -> bool:
+    return (responses == 0 and len(errors) == 1
+            and ("restricted" in errors[0] or errors[0] == GRPC_CLIENT_RACE))
+
+
 async def _direct_stream(url: str, headers: dict | None) -> tuple[int, list[str]]:
     """(responses, errors) of one direct streaming call."""
     async def requests():
@@ -93,15 +104,16 @@ async def _direct_stream(url: str, headers: dict | None) -> tuple[int, list[str]
 
 
 def test_direct_grpc_stream_without_the_token_is_refused(server):
-    responses, errors = asyncio.run(_direct_stream(server.grpc_url, None))
-    assert (responses, len(errors)) == (0, 1), errors
-    assert "restricted" in errors[0], errors
+    outcomes = [asyncio.run(_direct_stream(server.grpc_url, None)) for _ in range(3)]
+    assert all(_refused(*outcome) for outcome in outcomes), outcomes
+    assert any("restricted" in errors[0] for _, errors in outcomes), outcomes
 
 
 def test_direct_grpc_stream_with_a_wrong_token_is_refused(server):
-    responses, errors = asyncio.run(_direct_stream(server.grpc_url, {GRPC_HEADER: "0" * 64}))
-    assert responses == 0
-    assert errors and "restricted" in errors[0], errors
+    outcomes = [asyncio.run(_direct_stream(server.grpc_url, {GRPC_HEADER: "0" * 64}))
+                for _ in range(3)]
+    assert all(_refused(*outcome) for outcome in outcomes), outcomes
+    assert any("restricted" in errors[0] for _, errors in outcomes), outcomes
 
 
 def test_unary_infer_metadata_and_admin_calls_without_the_token_are_refused(server):
