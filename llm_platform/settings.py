@@ -8,6 +8,7 @@ from llm_platform.env import (
     env_float,
     env_int,
     env_list,
+    env_file,
     env_pair,
     env_str,
     parse_database_url,
@@ -17,7 +18,10 @@ from replica.access import access_token
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 # With DEBUG off, startup refuses a missing, default or short SECRET_KEY (llm_platform/checks.py).
-SECRET_KEY = env_str("SECRET_KEY", "")
+# SECRET_KEY, else the file SECRET_KEY_FILE (default var/secret_key: `make serve` writes one per
+# install, so manage.py in the same checkout finds it; a mounted secret elsewhere).
+SECRET_KEY = env_str("SECRET_KEY", "") or env_file(
+    "SECRET_KEY_FILE", BASE_DIR / "var" / "secret_key")
 DEBUG = env_bool("DEBUG", False)
 if DEBUG and not SECRET_KEY:
     SECRET_KEY = "dev-insecure-change-me"

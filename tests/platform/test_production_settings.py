@@ -35,8 +35,10 @@ def _start(env: dict[str, str], code: str = "") -> subprocess.CompletedProcess:
     base = {k: v for k, v in os.environ.items()
             if k not in {"SECRET_KEY", "DEBUG", "DJANGO_SETTINGS_MODULE"}}
     script = "import django; django.setup()\n" + code
+    # /dev/null: not this checkout's var/secret_key, which `make serve` may have written.
     return subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True,
-                          env={**base, "DJANGO_SETTINGS_MODULE": "llm_platform.settings", **env},
+                          env={**base, "DJANGO_SETTINGS_MODULE": "llm_platform.settings",
+                               "SECRET_KEY_FILE": "/dev/null", **env},
                           timeout=120)
 
 
@@ -51,6 +53,16 @@ def test_startup_refuses_a_missing_or_default_key(env):
 def test_startup_with_debug_on_or_a_proper_key():
     assert _start({"DEBUG": "true"}).returncode == 0
     assert _start({"SECRET_KEY": GOOD_KEY}).returncode == 0
+
+
+def test_the_key_may_come_from_a_file(tmp_path):
+    key_file = tmp_path / "secret_key"
+    key_file.write_text(GOOD_KEY + "\n")
+    result = _start({"SECRET_KEY_FILE": str(key_file)},
+                    "from django.conf import settings; print(settings.SECRET_KEY)")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == GOOD_KEY
+    assert _start({"SECRET_KEY_FILE": str(tmp_path / "missing")}).returncode != 0
 
 
 def test_https_settings_come_from_the_environment():

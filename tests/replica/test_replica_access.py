@@ -220,6 +220,14 @@ def test_ports_listen_on_loopback_only(server):
             assert sock.connect_ex((address, port)) != 0, f"port {port} answers on {address}"
             
 
+def test_the_token_is_not_in_the_logs(server):
+    launcher_log = server.proc.log_tail(1_000_000)
+    server_log = re.search(r"\(log: (\S+tritonserver\.log)\)", launcher_log).group(1)
+    with open(server_log, encoding="utf-8", errors="replace") as fh:
+        assert TOKEN not in fh.read()
+    assert TOKEN not in launcher_log
+
+
 def test_the_token_is_not_on_the_launcher_command_line(server):
     cmdline = (f"/proc/{server.proc.popen.pid}/cmdline")
     with open(cmdline, "rb") as fh:
