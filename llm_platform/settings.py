@@ -5,10 +5,10 @@ from pathlib import Path
 
 from llm_platform.env import (
     env_bool,
+    env_file,
     env_float,
     env_int,
     env_list,
-    env_file,
     env_pair,
     env_str,
     parse_database_url,
@@ -191,8 +191,9 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = API_MAX_BODY_BYTES
 # An API key looked up in the database is trusted from the cache for this long; revocation
 # through the service also deletes the cache entry at once.
 API_KEY_CACHE_SECONDS = env_float("API_KEY_CACHE_SECONDS", 5.0)
-# A presented key that matched nothing is refused from the cache (no database query) for this
-# long; a key created through the service clears its own entry.
+# A presented key that matched nothing is refused from Redis (no database query) for this long.
+# New keys are random, so none is refused in advance; a reactivated tenant's keys work again
+# within this time.
 API_KEY_NEGATIVE_CACHE_SECONDS = env_float("API_KEY_NEGATIVE_CACHE_SECONDS", 60.0)
 IDEMPOTENCY_TTL_SECONDS = env_int("IDEMPOTENCY_TTL_SECONDS", 24 * 3600)
 # How long a request holds its Idempotency-Key "in flight" if its process dies mid-request.
