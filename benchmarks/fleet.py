@@ -3,6 +3,7 @@ database, one or more real replicas, daphne. Stopped with `Fleet.stop()`."""
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -84,7 +85,8 @@ def start_fleet(replica: str = "smollm2", database: str = "llm_platform_bench",
     ensure_database(database_url)
     env = {**os.environ, "DJANGO_SETTINGS_MODULE": "llm_platform.settings",
            "DATABASE_URL": database_url, "REDIS_URL": services.redis_url,
-           "REDIS_KEY_PREFIX": f"llmp-bench-{uuid.uuid4().hex[:8]}:", "LOG_LEVEL": "WARNING"}
+           "REDIS_KEY_PREFIX": f"llmp-bench-{uuid.uuid4().hex[:8]}:", "LOG_LEVEL": "WARNING",
+           "SECRET_KEY": os.environ.get("SECRET_KEY") or secrets.token_urlsafe(48)}
     fleet = Fleet("", "", "", "", services, env=env)
     try:
         manage = [sys.executable, "manage.py"]

@@ -89,6 +89,7 @@ def build_container(tokenizers: TokenizerCache) -> Container:
         replica_client=TritonReplicaClient(
             first_token_timeout=settings.TRITON_FIRST_TOKEN_TIMEOUT_SECONDS,
             token_timeout=settings.TRITON_TOKEN_TIMEOUT_SECONDS,
+            access_token=settings.REPLICA_ACCESS_TOKEN,
         ),
         router=Router(
             ReplicaDirectory(clock, settings.REGISTRY_CACHE_TTL_SECONDS),

@@ -57,7 +57,7 @@ class Unauthorized(ApiError):
 class Forbidden(ApiError):
     status = 403
     type = "permission_error"
-    code = "tenant_suspended"
+    code = "forbidden"
 
 
 class NotFound(ApiError):

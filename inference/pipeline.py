@@ -20,6 +20,7 @@ from inference.errors import (
 )
 from inference.idempotency import Claim, Replay, fingerprint, validate_key
 from inference.json_body import decode_json
+from inference.key_ratelimit import check_key_rate
 from inference.quota import Charge, admit, current_headers
 from inference.schemas import GenerationRequest, parse_request
 from models_registry.rollouts.fallbacks import FAILED, UNAVAILABLE
@@ -68,7 +69,8 @@ async def authenticate_header(container: Container, authorization: str | None) -
                            code="missing_api_key")
     try:
         return await authenticate(token, container.redis, container.key_prefix,
-                                  settings.API_KEY_CACHE_SECONDS)
+                                  settings.API_KEY_CACHE_SECONDS,
+                                  settings.API_KEY_NEGATIVE_CACHE_SECONDS)
     except AuthenticationFailed as exc:
         raise Unauthorized(str(exc)) from exc
 
@@ -181,8 +183,10 @@ async def prepare(container: Container, endpoint: str, authorization: str | None
                   conversation_id: str | None = None) -> Prepared | Replayed:
     """Raises ApiError subclasses for every refusal (401, 400, 404, 409, 422, 429).
     `conversation_id` (the X-Conversation-Id header) keeps a conversation on one version
-    while a canary rollout runs."""
+    while a canary rollout runs. Counts the request against its key's rate (HTTP and
+    WebSocket alike)."""
     principal = await authenticate_header(container, authorization)
+    await check_key_rate(principal.api_key_id)
     return await prepare_as(container, endpoint, principal, body, idempotency_key,
                             conversation_id)
 

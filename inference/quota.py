@@ -60,7 +60,7 @@ async def admit(buckets: TokenBuckets, limits: Limits, num_prompt_tokens: int,
             f"This tenant is suspended: its limits are {limits.requests_per_minute} "
             f"requests/min (burst {limits.request_burst}) and {limits.tokens_per_minute} "
             f"tokens/min (burst {limits.token_burst}), so no request can be admitted. Ask the "
-            "platform's operators to restore them.")
+            "platform's operators to restore them.", code="tenant_suspended")
     estimate = num_prompt_tokens + max_tokens
     if estimate > limits.token_burst:
         raise InvalidRequest(

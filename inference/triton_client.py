@@ -3,6 +3,9 @@
 Tensor interface (mirrors Triton's vLLM backend): inputs text_input, stream, sampling_parameters
 (JSON), exclude_input_in_output, input_ids, priority, cache_salt, tenant; outputs per response
 text_output, finish_reason, num_input_tokens, num_output_tokens, num_cached_tokens, final.
+
+Every call carries the replica access token (replica/access.py): a replica started by a node
+agent refuses calls without it.
 """
 from __future__ import annotations
 
@@ -25,9 +28,11 @@ from inference.replica_client import (
     ReplicaStreamError,
     ReplicaUnavailable,
 )
+from replica.access import grpc_headers
 from replica.backend import error_messages
 
 INVALID_PREFIX = error_messages.INVALID_REQUEST
+RESTRICTED = "This protocol is restricted"  # Triton's refusal of a call without the token
 _UNAVAILABLE_CODES = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
 
 
@@ -85,6 +90,10 @@ def parse_chunk(result) -> ReplicaChunk:
 
 
 def classify(error: Exception) -> Exception:
+    text = error.details() if isinstance(error, grpc.aio.AioRpcError) else str(error)
+    if RESTRICTED in (text or ""):
+        return ReplicaUnavailable("the replica refused the platform's access token "
+                                  "(was it started with another REPLICA_SECRET?)")
     if isinstance(error, grpc.aio.AioRpcError):
         if error.code() in _UNAVAILABLE_CODES:
             return ReplicaUnavailable(error.details() or str(error.code()))
@@ -113,9 +122,10 @@ class TritonReplicaClient:
     """One gRPC channel per replica address (channels are bound to the event loop that made
     them, so one instance per loop: see inference.container)."""
 
-    def __init__(self, first_token_timeout: float, token_timeout: float):
+    def __init__(self, first_token_timeout: float, token_timeout: float, access_token: str = ""):
         self._first_token_timeout = first_token_timeout
         self._token_timeout = token_timeout
+        self._headers = grpc_headers(access_token)
         self._clients: dict[str, triton_aio.InferenceServerClient] = {}
 
     def _client(self, address: str) -> triton_aio.InferenceServerClient:
@@ -132,7 +142,7 @@ class TritonReplicaClient:
             yield {"model_name": request.model_name, "inputs": inputs,
                    "request_id": request.request_id}
 
-        call = self._client(address).stream_infer(requests())
+        call = self._client(address).stream_infer(requests(), headers=self._headers)
         finished = False
         timeout = self._first_token_timeout
         try:

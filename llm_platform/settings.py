@@ -5,20 +5,59 @@ from pathlib import Path
 
 from llm_platform.env import (
     env_bool,
+    env_file,
     env_float,
     env_int,
     env_list,
+    env_pair,
     env_str,
     parse_database_url,
 )
+from replica.access import access_token
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
-SECRET_KEY = env_str("SECRET_KEY", "dev-insecure-change-me")
+# With DEBUG off, startup refuses a missing, default or short SECRET_KEY (llm_platform/checks.py).
+# SECRET_KEY, else the file SECRET_KEY_FILE (default var/secret_key: `make serve` writes one per
+# install, so manage.py in the same checkout finds it; a mounted secret elsewhere).
+SECRET_KEY = env_str("SECRET_KEY", "") or env_file(
+    "SECRET_KEY_FILE", BASE_DIR / "var" / "secret_key")
 DEBUG = env_bool("DEBUG", False)
+if DEBUG and not SECRET_KEY:
+    SECRET_KEY = "dev-insecure-change-me"
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]", "testserver"])
 
+# --- Production hardening (docs/security.md) ----------------------------------------------------
+# Behind a TLS-terminating proxy: SECURE_PROXY_SSL_HEADER="HTTP_X_FORWARDED_PROTO,https".
+SECURE_PROXY_SSL_HEADER = env_pair("SECURE_PROXY_SSL_HEADER")
+SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", False)
+SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", False)
+SECURE_HSTS_PRELOAD = env_bool("SECURE_HSTS_PRELOAD", False)
+SECURE_CONTENT_TYPE_NOSNIFF = True
+CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator",
+     "OPTIONS": {"min_length": env_int("PASSWORD_MIN_LENGTH", 10)}},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
+# GET /metrics answers loopback clients (unless METRICS_ALLOW_LOOPBACK is false: behind a proxy
+# on the same host every client looks local) and `Authorization: Bearer <METRICS_TOKEN>`.
+METRICS_TOKEN = env_str("METRICS_TOKEN", "")
+METRICS_ALLOW_LOOPBACK = env_bool("METRICS_ALLOW_LOOPBACK", True)
+
+# --- Replica access (replica/access.py) ----------------------------------------------------------
+# Only the platform may call a replica: every call carries a token derived from REPLICA_SECRET
+# (default: derived from SECRET_KEY, which every platform process and node agent shares).
+# Node agents start their replicas with it; a replica started by hand takes the token in its
+# REPLICA_ACCESS_TOKEN environment variable (`manage.py replicatoken` prints it).
+REPLICA_SECRET = env_str("REPLICA_SECRET", "") or f"from SECRET_KEY:{SECRET_KEY}"
+REPLICA_ACCESS_TOKEN = access_token(REPLICA_SECRET)
+
 INSTALLED_APPS = [
+    "llm_platform.apps.PlatformConfig",  # startup checks (llm_platform/checks.py)
     "daphne",
     "django.contrib.admin",
     "django.contrib.auth",
@@ -168,6 +207,10 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = API_MAX_BODY_BYTES
 # An API key looked up in the database is trusted from the cache for this long; revocation
 # through the service also deletes the cache entry at once.
 API_KEY_CACHE_SECONDS = env_float("API_KEY_CACHE_SECONDS", 5.0)
+# A presented key that matched nothing is refused from Redis (no database query) for this long.
+# New keys are random, so none is refused in advance; a reactivated tenant's keys work again
+# within this time.
+API_KEY_NEGATIVE_CACHE_SECONDS = env_float("API_KEY_NEGATIVE_CACHE_SECONDS", 60.0)
 IDEMPOTENCY_TTL_SECONDS = env_int("IDEMPOTENCY_TTL_SECONDS", 24 * 3600)
 # How long a request holds its Idempotency-Key "in flight" if its process dies mid-request
 # (the running request refreshes it every REQUEST_KEEPALIVE_SECONDS).
@@ -202,8 +245,8 @@ TRITON_TOKEN_TIMEOUT_SECONDS = env_float("TRITON_TOKEN_TIMEOUT_SECONDS", 60.0)
 # A tenant's limits (tier defaults, tenant overrides) are cached in Redis this long: an edit in
 # the admin takes effect on every process within this time.
 QUOTA_LIMITS_CACHE_SECONDS = env_float("QUOTA_LIMITS_CACHE_SECONDS", 2.0)
-# django-ratelimit on the API: requests per API key (a coarse abuse guard in front of the
-# per-tenant token buckets, which carry the real limits).
+# django-ratelimit on the API: requests per API key id, HTTP and WebSocket alike (a coarse
+# abuse guard in front of the per-tenant token buckets, which carry the real limits).
 API_KEY_RATELIMIT = env_str("API_KEY_RATELIMIT", "6000/m")
 # The admission queue (per model, its versions share it; in Redis): slots per ready replica (how many
 # requests run at once on one replica before others wait), the most requests waiting, the
@@ -297,7 +340,7 @@ SESSION_COOKIE_AGE = env_int("SESSION_COOKIE_AGE", 8 * 3600)
 SESSION_COOKIE_HTTPONLY = True
 SESSION_COOKIE_SAMESITE = "Lax"
 SESSION_COOKIE_SECURE = env_bool("SESSION_COOKIE_SECURE", False)  # true behind HTTPS
-CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
+CSRF_COOKIE_SECURE = env_bool("CSRF_COOKIE_SECURE", SESSION_COOKIE_SECURE)
 # daphne serves /static/ itself (admin and dashboard CSS/JS; no CDN, nothing from outside).
 SERVE_STATIC = env_bool("SERVE_STATIC", True)
 # How often the live fleet page receives replica loads (seconds).

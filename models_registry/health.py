@@ -16,10 +16,12 @@ from dataclasses import dataclass
 
 import tritonclient.grpc.aio as triton_aio
 from asgiref.sync import sync_to_async
+from django.conf import settings
 from django.utils import timezone
 
 from models_registry.lifecycle import transition
 from models_registry.models import Replica
+from replica.access import grpc_headers
 
 
 @dataclass(frozen=True)
@@ -34,7 +36,10 @@ class Probe:
 async def _is_model_ready(probe: Probe, timeout_s: float) -> bool:
     client = triton_aio.InferenceServerClient(probe.grpc_address)
     try:
-        return bool(await asyncio.wait_for(client.is_model_ready(probe.model_name), timeout_s))
+        # The health group is open, but a replica may restrict it too: the token goes along.
+        ready = client.is_model_ready(probe.model_name,
+                                      headers=grpc_headers(settings.REPLICA_ACCESS_TOKEN))
+        return bool(await asyncio.wait_for(ready, timeout_s))
     except Exception:  # noqa: BLE001 - unreachable, refused, timed out: all "not ready"
         return False
     finally:

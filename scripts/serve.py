@@ -31,12 +31,16 @@ LOGS = VAR / "logs"
 
 
 def secret_key() -> str:
+    """SECRET_KEY, else this install's own in var/secret_key (0600), created once; settings read
+    the same file, so `manage.py` commands in this checkout share the key."""
     if os.environ.get("SECRET_KEY"):
         return os.environ["SECRET_KEY"]
     path = VAR / "secret_key"
     if not path.exists():
-        path.write_text(secrets.token_urlsafe(48))
-        path.chmod(0o600)
+        VAR.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)  # never world-readable
+        with os.fdopen(fd, "w") as fh:
+            fh.write(secrets.token_urlsafe(48))
     return path.read_text().strip()
 
 

@@ -11,7 +11,6 @@ from inference.pipeline import decode_body, prepare, quota_headers_for
 from inference.faults import preparing
 from inference.relay import complete, open_events, request_deadline, sse_bytes
 from inference.views.errors import api_endpoint
-from inference.views.key_ratelimit import check_key_rate
 
 QUOTA_HEADER = "x-ratelimit-limit-requests"
 # Refusals because PostgreSQL or Redis hung: looking up the quota headers would hang as well.
@@ -35,7 +34,6 @@ async def _serve(request, endpoint: str):
     try:
         if _content_length(request) > settings.API_MAX_BODY_BYTES:
             raise PayloadTooLarge(f"The request body exceeds {settings.API_MAX_BODY_BYTES} bytes.")
-        await check_key_rate(request)
         async with preparing(deadline):  # 503 in seconds if PostgreSQL or Redis hangs
             outcome = await prepare(container, endpoint, authorization,
                                     decode_body(request.body),
