@@ -26,6 +26,7 @@ from inference.container import current_container
 from inference.errors import ApiError, Conflict, InvalidRequest, Unauthorized
 from inference.faults import as_api_error, preparing
 from inference.formats.native import NativeFormat
+from inference.key_ratelimit import check_key_rate
 from inference.pipeline import authenticate_header, decode_body, prepare_as
 from inference.relay import open_events, request_deadline
 from llm_platform.db_watchdog import query_timeout
@@ -112,6 +113,7 @@ class StreamConsumer(AsyncWebsocketConsumer):
             async with preparing(deadline):  # 503 in seconds if PostgreSQL or Redis hangs
                 principal = await authenticate_header(container, authorization)
                 self.authenticated = True
+                await check_key_rate(principal.api_key_id)  # one count with the HTTP routes
                 outcome = await prepare_as(
                     container, "generate", principal, body,
                     idempotency_key if isinstance(idempotency_key, str) else None,
