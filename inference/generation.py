@@ -5,6 +5,13 @@ ApiError subclasses for failures the client must see; a failure before the first
 retried on another ready replica (at most settings.ROUTER_MAX_ATTEMPTS replicas). Whatever
 happens (finish, error, client disconnect) the lease is released, one usage row is recorded
 and the Idempotency-Key is either completed with the reply or abandoned.
+
+Metering (docs/billing.md): before anything else the request takes its usage lease and sends a
+pending usage event; at the end it sends the final one, with every token the replicas computed
+for it: the final chunk's counts, or, for an attempt that ended without one (client gone,
+stream broken), the replica's own usage ledger, asked with abort (so a cancelled request is
+charged the prompt tokens the replica prefilled). The token bucket is corrected with the same
+count; the lease goes only once the final event is durable.
 """
 from __future__ import annotations
 
@@ -18,6 +25,7 @@ from typing import AsyncIterator
 
 from django.conf import settings
 
+from billing.leases import UsageLease
 from billing.models import UsageRecord
 from billing.services import UsageEvent, record_usage
 from inference.admission import QueueFull, QueueTimeout, Slot, Waiter
@@ -30,8 +38,10 @@ from inference.replica_client import (
     ReplicaChunk,
     ReplicaRejected,
     ReplicaRequest,
+    ReplicaError,
     ReplicaStreamError,
     ReplicaUnavailable,
+    ReplicaUsage,
 )
 from inference.prefix_index import prompt_block_hashes
 from inference.router import NoReplicaReady, RouteRequest
@@ -77,6 +87,37 @@ class Done:
 
 
 @dataclass
+class _Attempt:
+    """One replica's stream for this request: what it reported, for billing."""
+
+    address: str
+    model_name: str
+    final: ReplicaChunk | None = None
+    last: ReplicaChunk | None = None
+    rejected: bool = False  # refused before the engine: nothing computed
+
+
+@dataclass(frozen=True)
+class _Tokens:
+    input_tokens: int = 0
+    cached_tokens: int = 0
+    output_tokens: int = 0
+
+    def __add__(self, other: "_Tokens") -> "_Tokens":
+        return _Tokens(self.input_tokens + other.input_tokens,
+                       self.cached_tokens + other.cached_tokens,
+                       self.output_tokens + other.output_tokens)
+
+    @classmethod
+    def of(cls, chunk: ReplicaChunk | ReplicaUsage | None) -> "_Tokens":
+        if chunk is None:
+            return cls()
+        if isinstance(chunk, ReplicaUsage):
+            return cls(chunk.input_tokens, chunk.cached_tokens, chunk.output_tokens)
+        return cls(chunk.num_input_tokens, chunk.num_cached_tokens, chunk.num_output_tokens)
+
+
+@dataclass
 class _Progress:
     started: float
     deltas: list[str] = field(default_factory=list)
@@ -85,6 +126,7 @@ class _Progress:
     final: ReplicaChunk | None = None
     last: ReplicaChunk | None = None
     status: str = UsageRecord.Status.FAILED
+    attempts: list[_Attempt] = field(default_factory=list)
 
 
 def replica_request(prepared: Prepared) -> ReplicaRequest:
@@ -156,7 +198,10 @@ async def generate(container: Container, prepared: Prepared) -> AsyncIterator[De
     result: Result | None = None
     slot: Slot | None = None
     current = prepared  # becomes the stable version if a canary cannot serve the request
+    lease = UsageLease(container.redis, container.key_prefix, prepared.request_id,
+                       settings.BILLING_LEASE_TTL_SECONDS)
     try:
+        await _open_usage(container, prepared, progress, lease)
         while True:
             tried: set[int] = set()
             try:
@@ -197,7 +242,25 @@ async def generate(container: Container, prepared: Prepared) -> AsyncIterator[De
         raise
     finally:
         # Shielded: a second cancellation must not lose the usage row or the key's state.
-        await asyncio.shield(_finish(container, current, progress, result, slot))
+        await asyncio.shield(_finish(container, current, progress, result, slot, lease))
+
+
+async def _open_usage(container: Container, prepared: Prepared, progress: _Progress,
+                      lease: UsageLease) -> None:
+    """The lease, then the pending usage event: from here on the request is billed even if
+    this process dies (the reaper finalises it)."""
+    await lease.hold()
+    pending = UsageEvent(
+        request_id=prepared.request_id, tenant_id=prepared.principal.tenant_id,
+        api_key_id=prepared.principal.api_key_id, model_name=prepared.target.model_name,
+        model_version_id=prepared.target.model_version_id, replica_id=None, input_tokens=0,
+        cached_tokens=0, output_tokens=0, ttft_ms=None, total_ms=0.0,
+        status=UsageRecord.Status.PENDING, endpoint=prepared.request.endpoint,
+        estimated_tokens=prepared.charge.estimated_tokens)
+    try:
+        await record_usage(pending)
+    except Exception:  # noqa: BLE001 - the final event still bills it
+        logger.exception("pending usage for %s was not recorded", prepared.request_id)
 
 
 async def _report(outcome) -> None:
@@ -238,12 +301,14 @@ async def _stream(container: Container, prepared: Prepared, progress: _Progress,
         tried.add(lease.replica.replica_id)
         await release_db_connection()  # not held while streaming
         progress.replica_id = lease.replica.replica_id
+        attempt = _Attempt(lease.replica.grpc_address, request.model_name)
+        progress.attempts.append(attempt)
         try:
             async with aclosing(
                 container.replica_client.stream(lease.replica.grpc_address, request)
             ) as chunks:
                 async for chunk in chunks:
-                    progress.last = chunk
+                    progress.last = attempt.last = chunk
                     if progress.first_token_at is None:
                         progress.first_token_at = clock()
                         await lease.release_prompt()
@@ -252,9 +317,10 @@ async def _stream(container: Container, prepared: Prepared, progress: _Progress,
                         progress.deltas.append(chunk.text)
                         yield Delta(chunk.text)
                     if chunk.final:
-                        progress.final = chunk
+                        progress.final = attempt.final = chunk
                         break
         except ReplicaRejected as exc:
+            attempt.rejected = True
             progress.status = UsageRecord.Status.REJECTED
             raise InvalidRequest(str(exc) or "The replica refused the request.") from exc
         except (ReplicaUnavailable, ReplicaStreamError) as exc:
@@ -291,7 +357,7 @@ async def _release_slot(slot: Slot | None, prepared: Prepared) -> None:
 
 
 async def _finish(container: Container, prepared: Prepared, progress: _Progress,
-                  result: Result | None, slot: Slot | None) -> None:
+                  result: Result | None, slot: Slot | None, lease: UsageLease) -> None:
     await _release_slot(slot, prepared)
     try:
         if prepared.claim is not None:
@@ -301,9 +367,9 @@ async def _finish(container: Container, prepared: Prepared, progress: _Progress,
                 await container.idempotency.abandon(prepared.claim)
     except Exception:  # noqa: BLE001 - a Redis hiccup must not lose the usage row
         logger.exception("idempotency bookkeeping failed for %s", prepared.request_id)
-    last = progress.final or progress.last
+    tokens = await _computed_tokens(container, prepared, progress)
     now = container.clock()
-    event = _usage_event(prepared, progress, last, now)
+    event = _usage_event(prepared, progress, tokens, now)
     try:
         # Charged what it used, whatever the end (finished, failed, cancelled).
         await settle(container.buckets, prepared.charge, event.input_tokens + event.output_tokens)
@@ -311,11 +377,46 @@ async def _finish(container: Container, prepared: Prepared, progress: _Progress,
         logger.exception("quota correction failed for %s", prepared.request_id)
     try:
         await record_usage(event)
-    except Exception:  # noqa: BLE001 - the reply stands; issue 7's outbox makes this durable
+    except Exception:  # noqa: BLE001 - the lease expires and the reaper finalises the row
         logger.exception("usage for %s was not recorded", prepared.request_id)
+        return
+    await lease.release()
 
 
-def _usage_event(prepared: Prepared, progress: _Progress, last: ReplicaChunk | None,
+async def _computed_tokens(container: Container, prepared: Prepared,
+                           progress: _Progress) -> _Tokens:
+    """Every token the replicas computed for this request: each attempt's final chunk, or the
+    replica's usage ledger (asked to abort the request and wait for its end) when the attempt
+    ended without one; what this process saw is the floor when the replica cannot say."""
+    total = _Tokens()
+    unsettled: dict[tuple[str, str], list[_Attempt]] = {}
+    for attempt in progress.attempts:
+        if attempt.final is not None:
+            total += _Tokens.of(attempt.final)
+        elif not attempt.rejected:
+            unsettled.setdefault((attempt.address, attempt.model_name), []).append(attempt)
+    for (address, model_name), attempts in unsettled.items():
+        floor = sum((_Tokens.of(a.last) for a in attempts), _Tokens())
+        wait_s = settings.BILLING_REPLICA_USAGE_WAIT_SECONDS
+        try:
+            usage = (await asyncio.wait_for(container.replica_client.usage(
+                address, model_name, [prepared.request_id], abort=True, wait_s=wait_s),
+                wait_s + 2.0))[prepared.request_id]
+        except (ReplicaError, asyncio.TimeoutError, OSError, AttributeError) as exc:
+            logger.warning("replica %s could not say what %s computed (%s); billing what was "
+                           "streamed", address, prepared.request_id, exc)
+            total += floor
+            continue
+        if usage.state != "finished":
+            logger.warning("replica %s reports %s for %s after %.1f s; billing what was streamed",
+                           address, usage.state, prepared.request_id, wait_s)
+            total += floor
+            continue
+        total += _Tokens.of(usage)
+    return total
+
+
+def _usage_event(prepared: Prepared, progress: _Progress, tokens: _Tokens,
                  now: float) -> UsageEvent:
     return UsageEvent(
         request_id=prepared.request_id,
@@ -324,14 +425,14 @@ def _usage_event(prepared: Prepared, progress: _Progress, last: ReplicaChunk | N
         model_name=prepared.target.model_name,
         model_version_id=prepared.target.model_version_id,
         replica_id=progress.replica_id,
-        input_tokens=(last.num_input_tokens if last else 0) or (
-            len(prepared.prompt_token_ids) if progress.first_token_at is not None else 0),
-        cached_tokens=last.num_cached_tokens if last else 0,
-        output_tokens=last.num_output_tokens if last else 0,
+        input_tokens=tokens.input_tokens,
+        cached_tokens=tokens.cached_tokens,
+        output_tokens=tokens.output_tokens,
         ttft_ms=None if progress.first_token_at is None
         else (progress.first_token_at - progress.started) * 1000.0,
         total_ms=(now - progress.started) * 1000.0,
         status=progress.status,
         finish_reason=(progress.final.finish_reason if progress.final else ""),
         endpoint=prepared.request.endpoint,
+        estimated_tokens=prepared.charge.estimated_tokens,
     )

@@ -22,20 +22,42 @@ from inference.replica_client import (
     ReplicaRequest,
     ReplicaStreamError,
     ReplicaUnavailable,
+    ReplicaUsage,
 )
 
 INVALID_PREFIX = "invalid request:"
 _UNAVAILABLE_CODES = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
 
 
-def build_inputs(request: ReplicaRequest) -> list[InferInput]:
-    def tensor(name: str, array: np.ndarray, datatype: str) -> InferInput:
-        value = InferInput(name, list(array.shape), datatype)
-        value.set_data_from_numpy(array)
-        return value
+def _tensor(name: str, array: np.ndarray, datatype: str) -> InferInput:
+    value = InferInput(name, list(array.shape), datatype)
+    value.set_data_from_numpy(array)
+    return value
 
-    def text(value: str) -> np.ndarray:
-        return np.array([value.encode("utf-8")], dtype=np.object_)
+
+def _text(value: str) -> np.ndarray:
+    return np.array([value.encode("utf-8")], dtype=np.object_)
+
+
+def build_control_inputs(request_ids: list[str], abort: bool, wait_s: float) -> list[InferInput]:
+    """A usage query (replica/backend/control_request.py)."""
+    control = json.dumps({"usage": list(request_ids), "abort": abort, "wait_s": wait_s})
+    return [_tensor("control", _text(control), "BYTES")]
+
+
+def parse_usage(result, request_ids: list[str]) -> dict[str, ReplicaUsage]:
+    raw = _scalar(result, "control_output", None)
+    if raw is None:
+        raise ReplicaStreamError("the replica answered a usage query without control_output")
+    try:
+        entries = json.loads(raw)["usage"]
+        return {rid: ReplicaUsage(**entries[rid]) for rid in request_ids}
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ReplicaStreamError(f"unreadable usage answer: {exc}") from exc
+
+
+def build_inputs(request: ReplicaRequest) -> list[InferInput]:
+    tensor, text = _tensor, _text
 
     sampling = {
         "max_tokens": request.max_tokens,
@@ -140,6 +162,28 @@ class TritonReplicaClient:
         finally:
             if not finished:
                 call.cancel()  # the replica sees is_cancelled() and frees the sequence
+
+    async def usage(self, address: str, model_name: str, request_ids: list[str], *,
+                    abort: bool = False, wait_s: float = 0.0) -> dict[str, ReplicaUsage]:
+        inputs = build_control_inputs(request_ids, abort, wait_s)
+
+        async def requests():
+            yield {"model_name": model_name, "inputs": inputs}
+
+        call = self._client(address).stream_infer(requests())
+        try:
+            result, error = await asyncio.wait_for(call.__anext__(), wait_s + self._token_timeout)
+        except StopAsyncIteration:
+            raise ReplicaStreamError("the replica closed the stream without an answer") from None
+        except asyncio.TimeoutError:
+            raise ReplicaUnavailable("no answer to a usage query") from None
+        except (grpc.aio.AioRpcError, InferenceServerException) as exc:
+            raise classify(exc) from exc
+        finally:
+            call.cancel()
+        if error is not None:
+            raise classify(error)
+        return parse_usage(result, request_ids)
 
     async def close(self) -> None:
         clients, self._clients = self._clients, {}

@@ -1,7 +1,10 @@
 """Our engine as a decoupled Triton Python-backend model.
 
 `execute` validates each request, stores its response sender and hands it to the EngineLoop, then
-returns at once; the loop thread sends one response per engine step per request. Needs the
+returns at once; the loop thread sends one response per engine step per request. The engine's
+request id is Triton's (the platform's request id) unless absent or already open. Every finished
+request's computed tokens go to the UsageLedger before its final response; a `control` request
+reads the ledger (and may abort requests) instead of generating. Needs the
 repository root on PYTHONPATH (the launcher sets it) and the venv's python first on PATH.
 """
 from __future__ import annotations
@@ -15,6 +18,8 @@ import threading
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 
+import numpy as np
+
 # The stub's embedded interpreter ignores PYTHONPATH (measured): honour it here, before our imports.
 for _path in reversed(os.environ.get("PYTHONPATH", "").split(os.pathsep)):
     if _path and _path not in sys.path:
@@ -22,11 +27,13 @@ for _path in reversed(os.environ.get("PYTHONPATH", "").split(os.pathsep)):
 
 import triton_python_backend_utils as pb_utils  # noqa: E402
 
+from replica.backend.control_request import ControlRequest, control_reply
 from replica.backend.drain_watcher import DrainWatcher
 from replica.backend.engine_metrics import EngineMetrics
 from replica.backend.generate_request import INPUT_NAMES, GenerateRequest
 from replica.backend.model_parameters import ModelParameters
 from replica.backend.response_stream import ResponseStream
+from replica.backend.usage_ledger import FINISHED, ComputedUsage, UsageLedger
 from replica.engine.engine_loop import EngineLoop, EngineUnavailableError
 from replica.engine.sampling_params import InvalidRequestError
 
@@ -58,6 +65,9 @@ class TritonPythonModel:
         # Responses go out on one sender thread, in order: a send blocks ~0.3-1 ms on IPC with the
         # server (GIL released), which then overlaps the next engine step instead of delaying it.
         self._sender = ThreadPoolExecutor(max_workers=1, thread_name_prefix="response-sender")
+        self._ledger = UsageLedger()
+        # Control requests may wait for requests to finish: off the sender and loop threads.
+        self._control = ThreadPoolExecutor(max_workers=2, thread_name_prefix="control")
         self._loop = EngineLoop(self._engine, on_tick=self._on_tick)
         self._loop.start()
         self._drain_watcher = None
@@ -80,6 +90,11 @@ class TritonPythonModel:
         for request in requests:
             sender = request.get_response_sender()
             try:
+                control = pb_utils.get_input_tensor_by_name(request, "control")
+                if control is not None:
+                    command = ControlRequest.from_input(control.as_numpy())
+                    self._control.submit(self._answer_control, command, sender)
+                    continue
                 self._submit(request, sender)
             except InvalidRequestError as exc:
                 _send_error(sender, f"invalid request: {exc}", pb_utils.TritonError.INVALID_ARG)
@@ -95,6 +110,7 @@ class TritonPythonModel:
         if self._drain_watcher is not None:
             self._drain_watcher.stop()
         self._loop.stop()
+        self._control.shutdown(wait=False, cancel_futures=True)
         self._sender.shutdown(wait=True)  # flush the final responses the loop just produced
         self._metrics.close()  # metrics before their families, before the stub tears down
         _log.info("finalize: done; engine loop: %s", self._loop.timing.summary())
@@ -112,12 +128,15 @@ class TritonPythonModel:
         prefix = ""
         if generate.prepend_prompt:
             prefix = generate.text or self._tokenizer.decode(prompt_token_ids)
-        request_id = uuid.uuid4().hex
+        request_id = request.request_id() or ""
+        if not request_id or len(request_id) > 128 or self._ledger.lookup([request_id])[request_id].state != "unknown":
+            request_id = uuid.uuid4().hex  # no id, or one this replica already holds
         stream = ResponseStream(
             pb_utils, sender, request_id, stream=generate.stream, prompt_prefix=prefix, on_cancel=self._loop.abort
         )
         with self._streams_lock:
             self._streams[request_id] = stream
+        self._ledger.open(request_id)
         try:
             self._loop.submit(
                 request_id,
@@ -130,10 +149,16 @@ class TritonPythonModel:
             )
         except BaseException:
             self._forget(request_id)
+            self._ledger.forget(request_id)
             raise
 
     def _on_output(self, stream: ResponseStream, output) -> None:
-        """Loop thread: hand the output to the sender thread."""
+        """Loop thread: record a finished request's usage, hand the output to the sender thread."""
+        if output.finished:
+            finish_reason = getattr(output.finish_reason, "value", str(output.finish_reason or ""))
+            self._ledger.close(stream.request_id, ComputedUsage(
+                FINISHED, output.num_prompt_tokens, output.num_cached_tokens,
+                output.num_output_tokens, finish_reason, output.error or ""))
         self._sender.submit(self._send_output, stream, output)
 
     def _send_output(self, stream: ResponseStream, output) -> None:
@@ -150,6 +175,21 @@ class TritonPythonModel:
         finally:
             if output.finished:
                 self._forget(stream.request_id)
+
+    def _answer_control(self, command: ControlRequest, sender) -> None:
+        """Control thread: abort if asked, wait, answer with the ledger's entries."""
+        try:
+            if command.abort:
+                for request_id in command.request_ids:
+                    self._loop.abort(request_id)
+            usage = self._ledger.wait(command.request_ids, command.wait_s)
+            output = pb_utils.Tensor("control_output", np.array([control_reply(usage)], dtype=np.object_))
+            final = pb_utils.Tensor("final", np.array([True], dtype=np.bool_))
+            sender.send(pb_utils.InferenceResponse(output_tensors=[output, final]),
+                        flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        except Exception as exc:  # noqa: BLE001 - answer every request with a final response
+            _log.exception("control request failed")
+            _send_error(sender, f"internal error: {exc!r}", None)
 
     def _forget(self, request_id: str) -> None:
         with self._streams_lock:
