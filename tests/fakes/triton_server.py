@@ -7,6 +7,7 @@ the prompt text:
   [invalid]        error "invalid request: ..." before any token
   [fail]           error before any token (a broken replica)
   [slow]           0.05 s between tokens (time for a client to disconnect mid-stream)
+  [slow-prefill]   5 s before the first token (time to disconnect before it)
   [die-after-2]    two tokens, then an error
   [stop]           finish_reason "stop" after 3 tokens
 Server-wide: `fail_all=True` fails every request before its first token.
@@ -91,6 +92,7 @@ class FakeState:
     num_requests: int = 0
     requests: list[dict] = field(default_factory=list)  # decoded inputs, for assertions
     usage: dict[str, dict] = field(default_factory=dict)  # request id -> ledger entry
+    tasks: dict[str, asyncio.Task] = field(default_factory=dict)  # running, by request id
 
 
 class FakeTriton(service_pb2_grpc.GRPCInferenceServiceServicer):
@@ -157,7 +159,10 @@ class FakeTriton(service_pb2_grpc.GRPCInferenceServiceServicer):
         entry = self.state.usage[request.id] = {"state": "running", "input_tokens": num_in,
                                                 "cached_tokens": 0, "output_tokens": 0,
                                                 "finish_reason": "abort", "error": ""}
+        self.state.tasks[request.id] = asyncio.current_task()
         try:
+            if "[slow-prefill]" in text:
+                await asyncio.sleep(5.0)
             for index in range(limit):
                 if "[die-after-2]" in text and index == 2:
                     await queue.put(error_response("engine died mid-stream (fake)"))
@@ -172,9 +177,14 @@ class FakeTriton(service_pb2_grpc.GRPCInferenceServiceServicer):
         finally:
             self.state.num_running -= 1
             entry["state"] = "finished"
+            self.state.tasks.pop(request.id, None)
 
     async def _control(self, request, command: dict):
         ids = command["usage"]
+        if command.get("abort"):
+            for task in [self.state.tasks.get(i) for i in ids]:
+                if task is not None:
+                    task.cancel()
         unknown = {"state": "unknown", "input_tokens": 0, "cached_tokens": 0,
                    "output_tokens": 0, "finish_reason": "", "error": ""}
         deadline = asyncio.get_running_loop().time() + float(command.get("wait_s", 0.0))
