@@ -20,6 +20,7 @@ from models_registry.models import (
 from models_registry.nodes import detect_lost_nodes, heartbeat, register_node
 from models_registry.placement import drain_replicas, place_replicas
 from models_registry.services import ensure_model_version
+from tests.support.billing import priced
 
 pytestmark = pytest.mark.django_db(transaction=True)
 T0 = datetime(2026, 11, 2, 0, 0, tzinfo=timezone.utc)
@@ -28,7 +29,7 @@ LOST_AFTER = 15.0
 
 @pytest.fixture
 def version():
-    return ensure_model_version("chat-small", 1, "fake", tokenizer="bytes")
+    return priced(ensure_model_version("chat-small", 1, "fake", tokenizer="bytes"))
 
 
 @pytest.fixture
