@@ -183,3 +183,13 @@ def test_autoscale_records_rates_and_the_forecast_starts_replicas_ahead(version,
     sample = RateSample.objects.filter(model_version=version).latest("at")
     assert sample.num_requests == 10 and sample.window_s == 5.0
     assert ScalingDecision.objects.filter(model_version=version).count() == 2
+
+
+def test_autoscaler_holds_an_unpriced_version_and_says_why(nodes, redis):
+    unpriced = ensure_model_version("unpriced", 1, "fake", tokenizer="bytes")
+    policy = ScalingPolicy.objects.create(model_version=unpriced, min_replicas=1, max_replicas=2)
+    dispatcher = RecordingDispatcher()
+    decision = autoscale_version(policy.pk, T0, _ctx(redis, dispatcher))
+    assert decision.action == "hold" and "no price in effect" in decision.reason
+    assert not Replica.objects.filter(model_version=unpriced).exists()
+    assert dispatcher.sent == []
