@@ -36,10 +36,15 @@ class UsageLease:
         await self._set()
         self._keeper = asyncio.get_running_loop().create_task(self._keep())
 
-    async def release(self) -> None:
+    def abandon(self) -> None:
+        """Stop refreshing; the lease expires on its own (the final event was not recorded:
+        the reaper is to finalise the row)."""
         if self._keeper is not None:
             self._keeper.cancel()
             self._keeper = None
+
+    async def release(self) -> None:
+        self.abandon()
         try:
             await self.client.delete(self.key)
         except (redis.RedisError, OSError) as exc:

@@ -379,6 +379,7 @@ async def _finish(container: Container, prepared: Prepared, progress: _Progress,
         await record_usage(event)
     except Exception:  # noqa: BLE001 - the lease expires and the reaper finalises the row
         logger.exception("usage for %s was not recorded", prepared.request_id)
+        lease.abandon()
         return
     await lease.release()
 
