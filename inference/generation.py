@@ -38,11 +38,10 @@ from inference.replica_client import (
     ReplicaChunk,
     ReplicaRejected,
     ReplicaRequest,
-    ReplicaError,
     ReplicaStreamError,
     ReplicaUnavailable,
-    ReplicaUsage,
 )
+from inference.request_metering import Attempt, Tokens, computed_tokens, pending_event
 from inference.prefix_index import prompt_block_hashes
 from inference.router import NoReplicaReady, RouteRequest
 from models_registry.selectors import can_cold_start
@@ -87,37 +86,6 @@ class Done:
 
 
 @dataclass
-class _Attempt:
-    """One replica's stream for this request: what it reported, for billing."""
-
-    address: str
-    model_name: str
-    final: ReplicaChunk | None = None
-    last: ReplicaChunk | None = None
-    rejected: bool = False  # refused before the engine: nothing computed
-
-
-@dataclass(frozen=True)
-class _Tokens:
-    input_tokens: int = 0
-    cached_tokens: int = 0
-    output_tokens: int = 0
-
-    def __add__(self, other: "_Tokens") -> "_Tokens":
-        return _Tokens(self.input_tokens + other.input_tokens,
-                       self.cached_tokens + other.cached_tokens,
-                       self.output_tokens + other.output_tokens)
-
-    @classmethod
-    def of(cls, chunk: ReplicaChunk | ReplicaUsage | None) -> "_Tokens":
-        if chunk is None:
-            return cls()
-        if isinstance(chunk, ReplicaUsage):
-            return cls(chunk.input_tokens, chunk.cached_tokens, chunk.output_tokens)
-        return cls(chunk.num_input_tokens, chunk.num_cached_tokens, chunk.num_output_tokens)
-
-
-@dataclass
 class _Progress:
     started: float
     deltas: list[str] = field(default_factory=list)
@@ -126,7 +94,7 @@ class _Progress:
     final: ReplicaChunk | None = None
     last: ReplicaChunk | None = None
     status: str = UsageRecord.Status.FAILED
-    attempts: list[_Attempt] = field(default_factory=list)
+    attempts: list[Attempt] = field(default_factory=list)
 
 
 def replica_request(prepared: Prepared) -> ReplicaRequest:
@@ -198,10 +166,10 @@ async def generate(container: Container, prepared: Prepared) -> AsyncIterator[De
     result: Result | None = None
     slot: Slot | None = None
     current = prepared  # becomes the stable version if a canary cannot serve the request
-    lease = UsageLease(container.redis, container.key_prefix, prepared.request_id,
-                       settings.BILLING_LEASE_TTL_SECONDS)
+    usage_lease = UsageLease(container.redis, container.key_prefix, prepared.request_id,
+                             settings.BILLING_LEASE_TTL_SECONDS)
     try:
-        await _open_usage(container, prepared, progress, lease)
+        await _open_usage(prepared, usage_lease)
         while True:
             tried: set[int] = set()
             try:
@@ -242,23 +210,15 @@ async def generate(container: Container, prepared: Prepared) -> AsyncIterator[De
         raise
     finally:
         # Shielded: a second cancellation must not lose the usage row or the key's state.
-        await asyncio.shield(_finish(container, current, progress, result, slot, lease))
+        await asyncio.shield(_finish(container, current, progress, result, slot, usage_lease))
 
 
-async def _open_usage(container: Container, prepared: Prepared, progress: _Progress,
-                      lease: UsageLease) -> None:
-    """The lease, then the pending usage event: from here on the request is billed even if
-    this process dies (the reaper finalises it)."""
-    await lease.hold()
-    pending = UsageEvent(
-        request_id=prepared.request_id, tenant_id=prepared.principal.tenant_id,
-        api_key_id=prepared.principal.api_key_id, model_name=prepared.target.model_name,
-        model_version_id=prepared.target.model_version_id, replica_id=None, input_tokens=0,
-        cached_tokens=0, output_tokens=0, ttft_ms=None, total_ms=0.0,
-        status=UsageRecord.Status.PENDING, endpoint=prepared.request.endpoint,
-        estimated_tokens=prepared.charge.estimated_tokens)
+async def _open_usage(prepared: Prepared, usage_lease: UsageLease) -> None:
+    """The usage lease, then the pending usage event: from here on the request is billed even
+    if this process dies (the reaper finalises it)."""
+    await usage_lease.hold()
     try:
-        await record_usage(pending)
+        await record_usage(pending_event(prepared))
     except Exception:  # noqa: BLE001 - the final event still bills it
         logger.exception("pending usage for %s was not recorded", prepared.request_id)
 
@@ -301,7 +261,7 @@ async def _stream(container: Container, prepared: Prepared, progress: _Progress,
         tried.add(lease.replica.replica_id)
         await release_db_connection()  # not held while streaming
         progress.replica_id = lease.replica.replica_id
-        attempt = _Attempt(lease.replica.grpc_address, request.model_name)
+        attempt = Attempt(lease.replica.grpc_address, request.model_name)
         progress.attempts.append(attempt)
         try:
             async with aclosing(
@@ -357,7 +317,7 @@ async def _release_slot(slot: Slot | None, prepared: Prepared) -> None:
 
 
 async def _finish(container: Container, prepared: Prepared, progress: _Progress,
-                  result: Result | None, slot: Slot | None, lease: UsageLease) -> None:
+                  result: Result | None, slot: Slot | None, usage_lease: UsageLease) -> None:
     await _release_slot(slot, prepared)
     try:
         if prepared.claim is not None:
@@ -367,7 +327,8 @@ async def _finish(container: Container, prepared: Prepared, progress: _Progress,
                 await container.idempotency.abandon(prepared.claim)
     except Exception:  # noqa: BLE001 - a Redis hiccup must not lose the usage row
         logger.exception("idempotency bookkeeping failed for %s", prepared.request_id)
-    tokens = await _computed_tokens(container, prepared, progress)
+    tokens = await computed_tokens(container.replica_client, prepared.request_id,
+                                   progress.attempts, settings.BILLING_REPLICA_USAGE_WAIT_SECONDS)
     now = container.clock()
     event = _usage_event(prepared, progress, tokens, now)
     try:
@@ -379,45 +340,12 @@ async def _finish(container: Container, prepared: Prepared, progress: _Progress,
         await record_usage(event)
     except Exception:  # noqa: BLE001 - the lease expires and the reaper finalises the row
         logger.exception("usage for %s was not recorded", prepared.request_id)
-        lease.abandon()
+        usage_lease.abandon()
         return
-    await lease.release()
+    await usage_lease.release()
 
 
-async def _computed_tokens(container: Container, prepared: Prepared,
-                           progress: _Progress) -> _Tokens:
-    """Every token the replicas computed for this request: each attempt's final chunk, or the
-    replica's usage ledger (asked to abort the request and wait for its end) when the attempt
-    ended without one; what this process saw is the floor when the replica cannot say."""
-    total = _Tokens()
-    unsettled: dict[tuple[str, str], list[_Attempt]] = {}
-    for attempt in progress.attempts:
-        if attempt.final is not None:
-            total += _Tokens.of(attempt.final)
-        elif not attempt.rejected:
-            unsettled.setdefault((attempt.address, attempt.model_name), []).append(attempt)
-    for (address, model_name), attempts in unsettled.items():
-        floor = sum((_Tokens.of(a.last) for a in attempts), _Tokens())
-        wait_s = settings.BILLING_REPLICA_USAGE_WAIT_SECONDS
-        try:
-            usage = (await asyncio.wait_for(container.replica_client.usage(
-                address, model_name, [prepared.request_id], abort=True, wait_s=wait_s),
-                wait_s + 2.0))[prepared.request_id]
-        except (ReplicaError, asyncio.TimeoutError, OSError, AttributeError) as exc:
-            logger.warning("replica %s could not say what %s computed (%s); billing what was "
-                           "streamed", address, prepared.request_id, exc)
-            total += floor
-            continue
-        if usage.state != "finished":
-            logger.warning("replica %s reports %s for %s after %.1f s; billing what was streamed",
-                           address, usage.state, prepared.request_id, wait_s)
-            total += floor
-            continue
-        total += _Tokens.of(usage)
-    return total
-
-
-def _usage_event(prepared: Prepared, progress: _Progress, tokens: _Tokens,
+def _usage_event(prepared: Prepared, progress: _Progress, tokens: Tokens,
                  now: float) -> UsageEvent:
     return UsageEvent(
         request_id=prepared.request_id,
