@@ -3,6 +3,7 @@
 Tensor interface (mirrors Triton's vLLM backend): inputs text_input, stream, sampling_parameters
 (JSON), exclude_input_in_output, input_ids, priority, cache_salt, tenant; outputs per response
 text_output, finish_reason, num_input_tokens, num_output_tokens, num_cached_tokens, final.
+A usage query (`usage`) sends the one input `control` and reads `control_output`.
 """
 from __future__ import annotations
 
@@ -57,8 +58,6 @@ def parse_usage(result, request_ids: list[str]) -> dict[str, ReplicaUsage]:
 
 
 def build_inputs(request: ReplicaRequest) -> list[InferInput]:
-    tensor, text = _tensor, _text
-
     sampling = {
         "max_tokens": request.max_tokens,
         "temperature": request.temperature,
@@ -68,17 +67,17 @@ def build_inputs(request: ReplicaRequest) -> list[InferInput]:
     if request.seed is not None:
         sampling["seed"] = request.seed
     inputs = [
-        tensor("text_input", text(request.prompt_text), "BYTES"),
-        tensor("stream", np.array([True], dtype=bool), "BOOL"),
-        tensor("sampling_parameters", text(json.dumps(sampling)), "BYTES"),
-        tensor("exclude_input_in_output", np.array([True], dtype=bool), "BOOL"),
-        tensor("priority", np.array([request.priority], dtype=np.int32), "INT32"),
-        tensor("cache_salt", text(request.cache_salt or request.tenant), "BYTES"),
-        tensor("tenant", text(request.tenant), "BYTES"),
+        _tensor("text_input", _text(request.prompt_text), "BYTES"),
+        _tensor("stream", np.array([True], dtype=bool), "BOOL"),
+        _tensor("sampling_parameters", _text(json.dumps(sampling)), "BYTES"),
+        _tensor("exclude_input_in_output", np.array([True], dtype=bool), "BOOL"),
+        _tensor("priority", np.array([request.priority], dtype=np.int32), "INT32"),
+        _tensor("cache_salt", _text(request.cache_salt or request.tenant), "BYTES"),
+        _tensor("tenant", _text(request.tenant), "BYTES"),
     ]
     if request.prompt_token_ids is not None:
         ids = np.array(request.prompt_token_ids, dtype=np.int64)
-        inputs.append(tensor("input_ids", ids, "INT64"))
+        inputs.append(_tensor("input_ids", ids, "INT64"))
     return inputs
 
 

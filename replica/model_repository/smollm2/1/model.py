@@ -129,7 +129,8 @@ class TritonPythonModel:
         if generate.prepend_prompt:
             prefix = generate.text or self._tokenizer.decode(prompt_token_ids)
         request_id = request.request_id() or ""
-        if not request_id or len(request_id) > 128 or self._ledger.lookup([request_id])[request_id].state != "unknown":
+        known = request_id and self._ledger.lookup([request_id])[request_id].state != "unknown"
+        if not request_id or len(request_id) > 128 or known:
             request_id = uuid.uuid4().hex  # no id, or one this replica already holds
         stream = ResponseStream(
             pb_utils, sender, request_id, stream=generate.stream, prompt_prefix=prefix, on_cancel=self._loop.abort
