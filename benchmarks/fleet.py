@@ -95,6 +95,9 @@ def start_fleet(replica: str = "smollm2", database: str = "llm_platform_bench",
         subprocess.run([*manage, "registermodel", "chat-small", "--weights", SMOLLM2,
                         "--context-length", "8192"], cwd=REPO, env=env, check=True,
                        stdout=subprocess.DEVNULL)
+        # A version without a price may not serve (registerreplica refuses it).
+        subprocess.run([*manage, "setprice", "chat-small", "--input", "0.05", "--output", "0.1"],
+                       cwd=REPO, env=env, check=True, stdout=subprocess.DEVNULL)
         tenant = f"bench-{uuid.uuid4().hex[:6]}"
         subprocess.run([*manage, "createtenant", tenant, "--tier", "interactive"], cwd=REPO,
                        env=env, check=True, stdout=subprocess.DEVNULL)

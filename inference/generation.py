@@ -13,6 +13,13 @@ KeepAlive refreshes the slot, the lease and the pending key (all expiring leases
 release step waits at most settings.CLEANUP_STEP_TIMEOUT_SECONDS, and whatever a failing Redis
 kept is reclaimed when its lease expires (settings.ADMISSION_SLOT_TTL_SECONDS,
 IDEMPOTENCY_PENDING_TTL_SECONDS).
+
+Metering (docs/billing.md): before anything else the request takes its usage lease and sends a
+pending usage event; at the end it sends the final one, with every token the replicas computed
+for it: the final chunk's counts, or, for an attempt that ended without one (client gone,
+stream broken), the replica's own usage ledger, asked with abort (so a cancelled request is
+charged the prompt tokens the replica prefilled). The token bucket is corrected with the same
+count; the usage lease goes only once the final event is durable.
 """
 from __future__ import annotations
 
@@ -26,6 +33,7 @@ from typing import AsyncIterator
 
 from django.conf import settings
 
+from billing.leases import UsageLease
 from billing.models import UsageRecord
 from billing.services import UsageEvent, record_usage
 from inference.admission import QueueFull, QueueTimeout, Slot, Waiter
@@ -44,6 +52,7 @@ from inference.replica_client import (
     ReplicaStreamError,
     ReplicaUnavailable,
 )
+from inference.request_metering import Attempt, Tokens, computed_tokens, pending_event
 from inference.prefix_index import prompt_block_hashes
 from inference.router import NoReplicaReady, RouteRequest
 from models_registry.selectors import can_cold_start
@@ -96,6 +105,7 @@ class _Progress:
     final: ReplicaChunk | None = None
     last: ReplicaChunk | None = None
     status: str = UsageRecord.Status.FAILED
+    attempts: list[Attempt] = field(default_factory=list)
 
 
 def replica_request(prepared: Prepared) -> ReplicaRequest:
@@ -182,7 +192,10 @@ async def generate(container: Container, prepared: Prepared) -> AsyncIterator[De
     if prepared.claim is not None:
         claim = prepared.claim
         keepalive.hold("idempotency", lambda: container.idempotency.refresh(claim))
+    usage_lease = UsageLease(container.redis, container.key_prefix, prepared.request_id,
+                             settings.BILLING_LEASE_TTL_SECONDS)
     try:
+        await _open_usage(prepared, usage_lease)
         while True:
             tried: set[int] = set()
             try:
@@ -229,7 +242,18 @@ async def generate(container: Container, prepared: Prepared) -> AsyncIterator[De
         raise
     finally:
         # Shielded: a second cancellation must not lose the usage row or the key's state.
-        await asyncio.shield(_finish(container, current, progress, result, slot, keepalive))
+        await asyncio.shield(_finish(container, current, progress, result, slot, keepalive,
+                                     usage_lease))
+
+
+async def _open_usage(prepared: Prepared, usage_lease: UsageLease) -> None:
+    """The usage lease, then the pending usage event: from here on the request is billed even
+    if this process dies (the reaper finalises it)."""
+    await usage_lease.hold()
+    try:
+        await record_usage(pending_event(prepared))
+    except Exception:  # noqa: BLE001 - the final event still bills it
+        logger.exception("pending usage for %s was not recorded", prepared.request_id)
 
 
 async def _report(outcome) -> None:
@@ -270,13 +294,15 @@ async def _stream(container: Container, prepared: Prepared, progress: _Progress,
         tried.add(lease.replica.replica_id)
         progress.replica_id = lease.replica.replica_id
         keepalive.hold("lease", lease.refresh)
+        attempt = Attempt(lease.replica.grpc_address, request.model_name)
+        progress.attempts.append(attempt)
         try:
             await release_db_connection()  # not held while streaming
             async with aclosing(
                 container.replica_client.stream(lease.replica.grpc_address, request)
             ) as chunks:
                 async for chunk in chunks:
-                    progress.last = chunk
+                    progress.last = attempt.last = chunk
                     if progress.first_token_at is None:
                         progress.first_token_at = clock()
                         # Best effort: the lease gives back the rest (or expires) at the end.
@@ -286,9 +312,10 @@ async def _stream(container: Container, prepared: Prepared, progress: _Progress,
                         progress.deltas.append(chunk.text)
                         yield Delta(chunk.text)
                     if chunk.final:
-                        progress.final = chunk
+                        progress.final = attempt.final = chunk
                         break
         except ReplicaRejected as exc:
+            attempt.rejected = True
             progress.status = UsageRecord.Status.REJECTED
             raise InvalidRequest(str(exc) or "The replica refused the request.") from exc
         except ReplicaRequestFailed as exc:
@@ -335,7 +362,8 @@ async def _release_slot(slot: Slot | None, prepared: Prepared) -> None:
 
 
 async def _finish(container: Container, prepared: Prepared, progress: _Progress,
-                  result: Result | None, slot: Slot | None, keepalive: KeepAlive) -> None:
+                  result: Result | None, slot: Slot | None, keepalive: KeepAlive,
+                  usage_lease: UsageLease) -> None:
     await keepalive.stop()
     await _release_slot(slot, prepared)
     if prepared.claim is not None:  # on failure the pending key expires (its TTL)
@@ -344,9 +372,10 @@ async def _finish(container: Container, prepared: Prepared, progress: _Progress,
         else:
             step = container.idempotency.abandon(prepared.claim)
         await _bounded(step, "idempotency bookkeeping", prepared.request_id)
-    last = progress.final or progress.last
+    tokens = await computed_tokens(container.replica_client, prepared.request_id,
+                                   progress.attempts, settings.BILLING_REPLICA_USAGE_WAIT_SECONDS)
     now = container.clock()
-    event = _usage_event(prepared, progress, last, now)
+    event = _usage_event(prepared, progress, tokens, now)
     # Charged what it used, whatever the end (finished, failed, cancelled); on failure the
     # bucket keeps the estimate, which refills anyway.
     await _bounded(settle(container.buckets, prepared.charge,
@@ -354,11 +383,14 @@ async def _finish(container: Container, prepared: Prepared, progress: _Progress,
                    "quota correction", prepared.request_id)
     try:
         await record_usage(event)
-    except Exception:  # noqa: BLE001 - the reply stands; issue 7's outbox makes this durable
+    except Exception:  # noqa: BLE001 - the lease expires and the reaper finalises the row
         logger.exception("usage for %s was not recorded", prepared.request_id)
+        usage_lease.abandon()
+        return
+    await usage_lease.release()
 
 
-def _usage_event(prepared: Prepared, progress: _Progress, last: ReplicaChunk | None,
+def _usage_event(prepared: Prepared, progress: _Progress, tokens: Tokens,
                  now: float) -> UsageEvent:
     return UsageEvent(
         request_id=prepared.request_id,
@@ -367,14 +399,14 @@ def _usage_event(prepared: Prepared, progress: _Progress, last: ReplicaChunk | N
         model_name=prepared.target.model_name,
         model_version_id=prepared.target.model_version_id,
         replica_id=progress.replica_id,
-        input_tokens=(last.num_input_tokens if last else 0) or (
-            len(prepared.prompt_token_ids) if progress.first_token_at is not None else 0),
-        cached_tokens=last.num_cached_tokens if last else 0,
-        output_tokens=last.num_output_tokens if last else 0,
+        input_tokens=tokens.input_tokens,
+        cached_tokens=tokens.cached_tokens,
+        output_tokens=tokens.output_tokens,
         ttft_ms=None if progress.first_token_at is None
         else (progress.first_token_at - progress.started) * 1000.0,
         total_ms=(now - progress.started) * 1000.0,
         status=progress.status,
         finish_reason=(progress.final.finish_reason if progress.final else ""),
         endpoint=prepared.request.endpoint,
+        estimated_tokens=prepared.charge.estimated_tokens,
     )

@@ -309,7 +309,21 @@ BILLING_CONSUMER_BATCH = env_int("BILLING_CONSUMER_BATCH", 500)
 BILLING_CLAIM_IDLE_MS = env_int("BILLING_CLAIM_IDLE_MS", 30_000)
 # Roll-ups recompute every hour that received a usage row within this window.
 BILLING_ROLLUP_WINDOW_SECONDS = env_int("BILLING_ROLLUP_WINDOW_SECONDS", 2 * 3600)
+# A request's usage lease (billing/leases.py) expires this long after its process stopped
+# refreshing it; then the reaper may finalise its pending usage row.
+BILLING_LEASE_TTL_SECONDS = env_float("BILLING_LEASE_TTL_SECONDS", 30.0)
+# When a stream ended without the replica's final chunk (cancel, failure), the request path asks
+# the replica what it computed, waiting at most this long for the replica to end the request.
+BILLING_REPLICA_USAGE_WAIT_SECONDS = env_float("BILLING_REPLICA_USAGE_WAIT_SECONDS", 5.0)
+# The reaper: pending rows at least this old, with their lease gone, are finalised from the
+# replicas' usage ledgers; after BILLING_REAPER_GIVE_UP_SECONDS from what the replicas answered.
+BILLING_REAPER_MIN_AGE_SECONDS = env_float("BILLING_REAPER_MIN_AGE_SECONDS", 10.0)
+BILLING_REAPER_GIVE_UP_SECONDS = env_float("BILLING_REAPER_GIVE_UP_SECONDS", 3600.0)
 CELERY_BEAT_SCHEDULE.update({
+    "billing-reaper": {
+        "task": "inference.tasks.reap_usage_task",
+        "schedule": env_float("BILLING_REAPER_INTERVAL_SECONDS", 30.0),
+    },
     "billing-rollup": {
         "task": "billing.tasks.rollup_usage_task",
         "schedule": env_float("BILLING_ROLLUP_INTERVAL_SECONDS", 300.0),

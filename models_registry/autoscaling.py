@@ -17,6 +17,7 @@ from models_registry import fleet_signals
 from models_registry.autoscaler import Decision, PolicyView, decide
 from models_registry.dispatch import Dispatcher
 from models_registry.models import RateSample, ScalingDecision, ScalingPolicy
+from billing.selectors import MissingPrice
 from models_registry.placement import drain_replicas, place_replicas
 
 DECISION_RETENTION = timedelta(days=2)
@@ -64,8 +65,13 @@ def _act(policy: ScalingPolicy, decision: Decision, now: datetime, ctx: FleetCon
          outstanding: dict[int, int]) -> Decision:
     version = policy.model_version
     if decision.delta > 0:
-        placed = place_replicas(version, decision.delta, now=now, reason=decision.reason,
-                                dispatcher=ctx.dispatcher, lost_after_s=ctx.lost_after_s)
+        try:
+            placed = place_replicas(version, decision.delta, now=now, reason=decision.reason,
+                                    dispatcher=ctx.dispatcher, lost_after_s=ctx.lost_after_s)
+        except MissingPrice as exc:
+            return Decision("hold", decision.current, decision.recommended, decision.current,
+                            f"{decision.reason}; not placed: {exc}",
+                            {**decision.numbers, "placed": 0})
         if len(placed) < decision.delta:
             return Decision(decision.action if placed else "hold", decision.current,
                             decision.recommended, decision.current + len(placed),

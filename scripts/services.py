@@ -65,7 +65,7 @@ class Services:
     def stop(self) -> None:
         for name, proc in reversed(self.started):
             if proc.poll() is None:
-                proc.terminate()  # PostgreSQL: smart shutdown; Redis: exits (no save configured)
+                proc.terminate()  # PostgreSQL: smart shutdown; Redis: flushes its AOF, exits
                 try:
                     proc.wait(30)
                 except subprocess.TimeoutExpired:
@@ -117,7 +117,9 @@ def start_embedded_redis(var_dir: Path) -> tuple[str, subprocess.Popen]:
     data_dir.mkdir(parents=True, exist_ok=True)
     port = free_port()
     proc = spawn([str(binary), "--port", str(port), "--bind", "127.0.0.1",
-                  "--dir", str(data_dir), "--save", "", "--appendonly", "no"],
+                  "--dir", str(data_dir), "--save", "",
+                  # Durable across a restart: the usage stream must survive it.
+                  "--appendonly", "yes", "--appendfsync", "everysec"],
                  stdout=open(var_dir / "redis.log", "ab"), stderr=subprocess.STDOUT)
     wait_port(port, proc, "embedded Redis")
     return f"redis://127.0.0.1:{port}/0", proc
