@@ -41,7 +41,8 @@ def ask_replicas(model_name: str, request_ids: list[str]) -> dict[str, list[Repl
 
 async def _ask_all(addresses: list[str], model_name: str,
                    request_ids: list[str]) -> dict[str, list[ReplicaCount]]:
-    client = TritonReplicaClient(QUERY_TIMEOUT_S, QUERY_TIMEOUT_S)
+    client = TritonReplicaClient(QUERY_TIMEOUT_S, QUERY_TIMEOUT_S,
+                                 access_token=settings.REPLICA_ACCESS_TOKEN)
     try:
         answers = await asyncio.gather(*(_ask(client, address, model_name, request_ids)
                                          for address in addresses))
