@@ -39,6 +39,7 @@ import json
 import math
 import multiprocessing
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -405,6 +406,7 @@ def main() -> None:
                              "the slots")
     args = parser.parse_args()
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "llm_platform.settings")
+    os.environ.setdefault("SECRET_KEY", secrets.token_urlsafe(48))  # DEBUG is off: one per run
     result = run(args)
     for key in ("victim_slowdown", "victim_slowdown_fairness_off", "victim_p50_slowdown",
                 "victim_p50_slowdown_fairness_off", "a_idle_share", "a_idle_share_fairness_off",

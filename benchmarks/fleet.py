@@ -3,6 +3,7 @@ database, one or more real replicas, daphne. Stopped with `Fleet.stop()`."""
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -14,6 +15,7 @@ from urllib.parse import urlparse
 
 import httpx
 
+from scripts.children import spawn, stop_group, stop_on_signals
 from scripts.services import Services, ensure_database, ensure_services, free_port
 
 REPO = Path(__file__).resolve().parents[1]
@@ -38,10 +40,7 @@ class Fleet:
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGTERM)
         for proc in reversed(self.procs):
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
+            stop_group(proc, 60)
         self.services.stop()
 
 
@@ -61,9 +60,9 @@ def _wait(url: str, proc: subprocess.Popen, deadline_s: float) -> None:
 
 def _start(name: str, args: list[str], env: dict) -> subprocess.Popen:
     LOGS.mkdir(parents=True, exist_ok=True)
-    return subprocess.Popen([sys.executable, *args], cwd=REPO, env=env,
-                            stdout=open(LOGS / f"{name}.log", "wb"), stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    # Own process group; stopped at exit, on SIGTERM/SIGHUP, and by the kernel if we die.
+    return spawn([sys.executable, *args], cwd=REPO, env=env,
+                 stdout=open(LOGS / f"{name}.log", "wb"), stderr=subprocess.STDOUT)
 
 
 def _wait_port(port: int, proc: subprocess.Popen, deadline_s: float) -> None:
@@ -78,13 +77,16 @@ def start_fleet(replica: str = "smollm2", database: str = "llm_platform_bench",
     gRPC protocol with a model that costs nothing, to isolate what the platform itself adds).
     `database`: a benchmark's own database (start_fleet stops every replica registered there).
     `num_replicas` real replicas (started together), each with `replica_args` added to
-    `python -m replica.launch` (e.g. `--kv-cache-bytes N --num-threads 1`)."""
+    `python -m replica.launch` (e.g. `--kv-cache-bytes N --num-threads 1`).
+    An interrupted benchmark (SIGTERM, SIGHUP, Ctrl-C) stops the fleet too."""
+    stop_on_signals()
     services = ensure_services(REPO / "var", log=lambda *_: None)
     database_url = urlparse(services.database_url)._replace(path="/" + database).geturl()
     ensure_database(database_url)
     env = {**os.environ, "DJANGO_SETTINGS_MODULE": "llm_platform.settings",
            "DATABASE_URL": database_url, "REDIS_URL": services.redis_url,
-           "REDIS_KEY_PREFIX": f"llmp-bench-{uuid.uuid4().hex[:8]}:", "LOG_LEVEL": "WARNING"}
+           "REDIS_KEY_PREFIX": f"llmp-bench-{uuid.uuid4().hex[:8]}:", "LOG_LEVEL": "WARNING",
+           "SECRET_KEY": os.environ.get("SECRET_KEY") or secrets.token_urlsafe(48)}
     fleet = Fleet("", "", "", "", services, env=env)
     try:
         manage = [sys.executable, "manage.py"]
@@ -93,6 +95,9 @@ def start_fleet(replica: str = "smollm2", database: str = "llm_platform_bench",
         subprocess.run([*manage, "registermodel", "chat-small", "--weights", SMOLLM2,
                         "--context-length", "8192"], cwd=REPO, env=env, check=True,
                        stdout=subprocess.DEVNULL)
+        # A version without a price may not serve (registerreplica refuses it).
+        subprocess.run([*manage, "setprice", "chat-small", "--input", "0.05", "--output", "0.1"],
+                       cwd=REPO, env=env, check=True, stdout=subprocess.DEVNULL)
         tenant = f"bench-{uuid.uuid4().hex[:6]}"
         subprocess.run([*manage, "createtenant", tenant, "--tier", "interactive"], cwd=REPO,
                        env=env, check=True, stdout=subprocess.DEVNULL)

@@ -15,6 +15,7 @@ import argparse
 import asyncio
 import json
 import os
+import secrets
 import time
 from dataclasses import dataclass
 
@@ -168,6 +169,7 @@ def main() -> None:
         args.replica, args.streams, args.rounds, args.max_tokens = "fake", 2, 1, 4
         args.short_requests, args.short_concurrency = 4, 2
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "llm_platform.settings")
+    os.environ.setdefault("SECRET_KEY", secrets.token_urlsafe(48))  # DEBUG is off: one per run
     # The real replica is the headline; on a small CPU its own queueing (seconds of TTFT) hides
     # milliseconds of platform cost, so a second pass against a zero-cost replica isolates it.
     result = {}

@@ -26,6 +26,7 @@ import argparse
 import asyncio
 import json
 import os
+import secrets
 import random
 import re
 import subprocess
@@ -343,6 +344,7 @@ def main() -> None:
     parser.add_argument("--signals-settle-s", type=float, default=0.5)
     args = parser.parse_args()
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "llm_platform.settings")
+    os.environ.setdefault("SECRET_KEY", secrets.token_urlsafe(48))  # DEBUG is off: one per run
     result = run(args)
     print(json.dumps({k: v for k, v in result.items() if k != "policies"}, indent=1))
     if args.out:

@@ -131,6 +131,23 @@ class UsageConsumer:
                                            (b"?", {FIELD: event.to_json()})))
         return dead
 
+    def finish(self, deadline_s: float = 20.0, clock: Callable[[], float] = time.monotonic) -> int:
+        """On the way out: replay the outbox and consume until the stream is empty (or
+        `deadline_s` passed, or Redis/PostgreSQL fail); returns the entries handled. What is
+        left stays in the stream for the next start."""
+        end = clock() + deadline_s
+        total = 0
+        try:
+            total += self.replay_outbox()
+            while clock() < end:
+                handled = self.step(block_ms=0)
+                if not handled:
+                    break
+                total += handled
+        except (redis.RedisError, OSError, DatabaseError) as exc:
+            logger.warning("billing consumer: final drain stopped: %s", exc)
+        return total
+
     def run(self, should_stop: Callable[[], bool], idle_sleep_s: float = 1.0) -> None:
         """Until `should_stop()`: replay the outbox, consume; on Redis or PostgreSQL trouble,
         log, wait and retry (nothing is acknowledged that was not written)."""

@@ -1,6 +1,10 @@
-"""UsageEvent: what one finished request (finished, failed or cancelled) is billed for, and its
-wire form on the usage stream and in the outbox (one JSON object; `request_id` is the
-idempotency key everywhere downstream)."""
+"""UsageEvent: what one request is billed for, and its wire form on the usage stream and in the
+outbox (one JSON object; `request_id` is the idempotency key everywhere downstream).
+
+A request sends two: a `pending` one at admission (no tokens; `estimated_tokens` is what the
+token bucket was charged) and a final one (ok, failed, cancelled, rejected) with the tokens the
+replica computed. The final one finalises the pending row once; a pending one never overwrites
+a final one, whatever order they arrive in."""
 from __future__ import annotations
 
 import json
@@ -25,9 +29,14 @@ class UsageEvent:
     status: str  # one of UsageRecord.Status
     finish_reason: str = ""
     endpoint: str = ""
+    estimated_tokens: int = 0
     # Wall-clock seconds since the epoch when the request ended; the recorder stamps it with its
     # injected clock when the caller leaves it None. Prices apply by this time, not arrival.
     occurred_at: float | None = None
+
+    @property
+    def is_pending(self) -> bool:
+        return self.status == "pending"
 
     def stamped(self, now: float) -> "UsageEvent":
         return self if self.occurred_at is not None else replace(self, occurred_at=now)

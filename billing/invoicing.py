@@ -1,8 +1,9 @@
 """Monthly invoices: one per tenant and calendar month (UTC), a line per model, exact Decimal.
 
-An invoice bills every not-yet-invoiced usage row of the tenant that occurred before the end of
-its period: rows of the period itself are `usage` lines; rows of earlier periods (they arrived
-after those periods were invoiced) are `correction` lines. Each billed row points at its
+An invoice bills every not-yet-invoiced, finalised usage row of the tenant that occurred before
+the end of its period (a pending row waits for its finalisation): rows of the period itself are
+`usage` lines; rows of earlier periods (they arrived or were finalised after those periods were
+invoiced) are `correction` lines. Each billed row points at its
 invoice, so no row is ever billed twice and issued invoices never change.
 """
 from __future__ import annotations
@@ -52,6 +53,7 @@ def issue_invoice(tenant_id: int, period_start: datetime, period_end: datetime,
         rows = list(UsageRecord.objects.select_for_update()
                     .filter(tenant_id=tenant_id, invoice__isnull=True,
                             occurred_at__lt=period_end)
+                    .exclude(status=UsageRecord.Status.PENDING)
                     .values_list("id", "model_name", "model_version_id", "occurred_at",
                                  "input_tokens", "cached_tokens", "output_tokens"))
         if not rows:
@@ -87,6 +89,7 @@ def issue_invoices(now: datetime) -> list[Invoice]:
     """Last month's invoice for every tenant with unbilled usage up to its end."""
     period_start, period_end = previous_month(now)
     tenant_ids = (UsageRecord.objects.filter(invoice__isnull=True, occurred_at__lt=period_end)
+                  .exclude(status=UsageRecord.Status.PENDING)
                   .values_list("tenant_id", flat=True).distinct())
     issued = []
     for tenant_id in sorted(set(tenant_ids)):

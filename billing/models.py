@@ -11,6 +11,9 @@ AMOUNT_FIELD = dict(max_digits=30, decimal_places=12)
 
 class UsageRecord(models.Model):
     class Status(models.TextChoices):
+        # Admitted, not yet finalised: billed nothing yet (tokens 0, the estimate aside); the
+        # request's final event or the reaper (billing/reaper.py) finalises it exactly once.
+        PENDING = "pending"
         OK = "ok"
         FAILED = "failed"
         CANCELLED = "cancelled"
@@ -30,6 +33,7 @@ class UsageRecord(models.Model):
     input_tokens = models.PositiveIntegerField(default=0)  # cached tokens included
     cached_tokens = models.PositiveIntegerField(default=0)
     output_tokens = models.PositiveIntegerField(default=0)
+    estimated_tokens = models.PositiveIntegerField(default=0)  # charged at admission
     ttft_ms = models.FloatField(null=True, blank=True)  # null: no token was produced
     total_ms = models.FloatField()
     status = models.CharField(max_length=16, choices=Status.choices)
@@ -37,6 +41,9 @@ class UsageRecord(models.Model):
     endpoint = models.CharField(max_length=64, blank=True, default="")
     occurred_at = models.DateTimeField(db_index=True)  # when the request ended: prices apply
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)  # when billing got it
+    # When the row was finalised (null while pending): roll-ups recompute the hours of rows
+    # settled since their last run.
+    settled_at = models.DateTimeField(null=True, blank=True, db_index=True)
     # Set once, when the row is billed; a row is on exactly one invoice.
     invoice = models.ForeignKey("billing.Invoice", on_delete=models.PROTECT, null=True,
                                 blank=True, related_name="usage")
@@ -44,7 +51,10 @@ class UsageRecord(models.Model):
     class Meta:
         ordering = ["-created_at"]
         indexes = [models.Index(fields=["tenant", "created_at"]),
-                   models.Index(fields=["tenant", "occurred_at"])]
+                   models.Index(fields=["tenant", "occurred_at"]),
+                   # The reaper's scan: pending rows only, oldest first.
+                   models.Index(fields=["created_at"], condition=models.Q(status="pending"),
+                                name="billing_usage_pending")]
 
     def __str__(self) -> str:
         return f"{self.request_id} {self.status} {self.input_tokens}+{self.output_tokens}"

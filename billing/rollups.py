@@ -1,8 +1,9 @@
 """Hourly roll-ups: tenant x model version x hour, recomputed from the usage rows.
 
 Recomputing (not incrementing) makes the task idempotent and late events harmless: every hour
-that received a row (by `created_at`, i.e. arrival) within the window is summed again from
-scratch, whatever hour the event itself belongs to.
+that received a settled row (by `settled_at`: arrival, or finalisation of a pending row) within
+the window is summed again from scratch, whatever hour the event itself belongs to. Pending
+rows are not usage yet: they count nowhere until finalised.
 """
 from __future__ import annotations
 
@@ -19,9 +20,9 @@ SELECT tenant_id, model_version_id, MAX(model_name), date_trunc('hour', occurred
        percentile_cont(0.5) WITHIN GROUP (ORDER BY ttft_ms),
        percentile_cont(0.9) WITHIN GROUP (ORDER BY ttft_ms)
 FROM billing_usagerecord
-WHERE date_trunc('hour', occurred_at) IN (
+WHERE status <> 'pending' AND date_trunc('hour', occurred_at) IN (
     SELECT DISTINCT date_trunc('hour', occurred_at) FROM billing_usagerecord
-    WHERE created_at >= %s)
+    WHERE settled_at >= %s)
 GROUP BY tenant_id, model_version_id, date_trunc('hour', occurred_at)
 ON CONFLICT (tenant_id, model_version_id, hour) DO UPDATE SET
     model_name = EXCLUDED.model_name, num_requests = EXCLUDED.num_requests,

@@ -10,6 +10,20 @@ from django.db.models.functions import TruncDay, TruncHour
 from billing.models import Price, UsageHourly
 from billing.pricing import PriceBook, PriceTerms
 
+
+class MissingPrice(Exception):
+    """A model version without a price in effect: it may not serve (nothing is silently free)."""
+
+
+def require_price(model_version, now: datetime) -> None:
+    """Raise MissingPrice unless `model_version` has a price in effect at `now`."""
+    if not Price.objects.filter(model_version=model_version, effective_from__lte=now).exists():
+        raise MissingPrice(
+            f"{model_version} has no price in effect, so it may not serve traffic (its usage "
+            f"would be free): set one first, e.g. `python manage.py setprice "
+            f"{model_version.model.name} --model-version {model_version.version} --input X "
+            "--output Y`")
+
 GRANULARITIES = {"hour": TruncHour, "day": TruncDay}
 
 

@@ -1,5 +1,5 @@
-"""Billing writes. `record_usage` is the request path's one call (it appends to the usage
-stream); `write_usage` is the consumer's (PostgreSQL, idempotent on the request id)."""
+"""Billing writes. `record_usage` is the request path's call (it appends to the usage stream);
+`write_usage` is the consumer's and the reaper's (PostgreSQL, idempotent on the request id)."""
 from __future__ import annotations
 
 from datetime import datetime, timezone
@@ -36,6 +36,7 @@ _COLUMNS = [  # (column, PostgreSQL array type, value)
     ("input_tokens", "integer", lambda e: e.input_tokens),
     ("cached_tokens", "integer", lambda e: e.cached_tokens),
     ("output_tokens", "integer", lambda e: e.output_tokens),
+    ("estimated_tokens", "integer", lambda e: e.estimated_tokens),
     ("ttft_ms", "float8", lambda e: e.ttft_ms),
     ("total_ms", "float8", lambda e: e.total_ms),
     ("status", "varchar", lambda e: e.status),
@@ -44,27 +45,46 @@ _COLUMNS = [  # (column, PostgreSQL array type, value)
     ("occurred_at", "timestamptz",
      lambda e: datetime.fromtimestamp(e.occurred_at or 0.0, tz=timezone.utc)),
 ]
+_TABLE = UsageRecord._meta.db_table
 # One statement per batch, whatever its size: the columns travel as arrays (unnest), so the
 # consumer pays one round trip and no per-row SQL compilation.
-_INSERT = (
-    f"INSERT INTO {UsageRecord._meta.db_table} "
-    f"({', '.join(name for name, _, _ in _COLUMNS)}, created_at) "
-    f"SELECT u.*, statement_timestamp() FROM unnest("
+_SELECT = (
+    f"INSERT INTO {_TABLE} "
+    f"({', '.join(name for name, _, _ in _COLUMNS)}, created_at, settled_at) "
+    "SELECT u.*, statement_timestamp(), {settled} FROM unnest("
     f"{', '.join(f'%s::{kind}[]' for _, kind, _ in _COLUMNS)}) AS u "
-    "ON CONFLICT (request_id) DO NOTHING"
+)
+# A pending row never replaces anything (a final event may have arrived first).
+_INSERT_PENDING = _SELECT.format(settled="NULL") + "ON CONFLICT (request_id) DO NOTHING"
+# A final event inserts its row, or finalises the pending one; a final row is never changed.
+_KEPT = {"request_id", "tenant_id", "api_key_id", "estimated_tokens"}
+_INSERT_FINAL = (
+    _SELECT.format(settled="statement_timestamp()")
+    + "ON CONFLICT (request_id) DO UPDATE SET "
+    + ", ".join(f"{name} = EXCLUDED.{name}" for name, _, _ in _COLUMNS if name not in _KEPT)
+    + f", settled_at = EXCLUDED.settled_at WHERE {_TABLE}.status = 'pending'"
 )
 
 
 def write_usage(events: list[UsageEvent]) -> int:
-    """Insert the events' rows in one statement; request ids already present are skipped
-    (INSERT ... ON CONFLICT DO NOTHING), so a redelivery or a replay writes nothing. Returns
-    the number of rows inserted."""
-    if not events:
-        return 0
-    params = [[value(e) for e in events] for _, _, value in _COLUMNS]
+    """Write the events' rows, idempotent on the request id: a pending event inserts a pending
+    row unless the request id has a row; a final event inserts its row or finalises the pending
+    one, and never changes a final row. So a redelivery, a replay, a reaper racing a late
+    consumer, or a pending event arriving after the final one writes nothing. Two statements
+    at most per batch (a batch holding both events of a request keeps the final one). Returns
+    the number of rows inserted or finalised."""
+    finals: dict[str, UsageEvent] = {}
+    pendings: dict[str, UsageEvent] = {}
+    for event in events:
+        (pendings if event.is_pending else finals).setdefault(event.request_id, event)
+    pending = [e for rid, e in pendings.items() if rid not in finals]
+    written = 0
     with transaction.atomic(), connection.cursor() as cursor:
-        cursor.execute(_INSERT, params)
-        return cursor.rowcount
+        for statement, batch in ((_INSERT_PENDING, pending), (_INSERT_FINAL, list(finals.values()))):
+            if batch:
+                cursor.execute(statement, [[value(e) for e in batch] for _, _, value in _COLUMNS])
+                written += cursor.rowcount
+    return written
 
 
 def set_price(model_version, effective_from: datetime, input_per_million, output_per_million,

@@ -18,6 +18,11 @@ def api_key_cache(prefix: str, key_hash: str) -> str:
     return f"{prefix}apikey:{key_hash}"
 
 
+def api_key_refused(prefix: str, key_hash: str) -> str:
+    """tenants/auth.py: a well-formed key that matched nothing (negative cache)."""
+    return f"{prefix}apikey-refused:{key_hash}"
+
+
 def tenant_limits(prefix: str, tenant_id: int) -> str:
     """tenants/selectors.py LimitsCache: the tenant's Limits as JSON."""
     return f"{prefix}limits:{tenant_id}"
@@ -39,6 +44,11 @@ def usage_stream(prefix: str) -> str:
 def usage_dead_letters(prefix: str) -> str:
     """billing/stream.py: entries PostgreSQL refused, kept for a human."""
     return f"{prefix}billing:usage:dead"
+
+
+def usage_lease(prefix: str, request_id: str) -> str:
+    """billing/leases.py: held by the process serving a request until its final usage event."""
+    return f"{prefix}billing:lease:{request_id}"
 
 
 # ---- inference: admission ---------------------------------------------------------------------
@@ -69,9 +79,10 @@ def admission_models(prefix: str) -> str:
     return f"{prefix}admission:models"
 
 
-def admission_wake_prefix(prefix: str, model: str) -> str:
-    """inference/admission.py: a waiter's wake-up channel is this plus its ticket."""
-    return f"{prefix}admission:{model}:wake:"
+def admission_wake_channel(prefix: str) -> str:
+    """inference/admission_wakeups.py: the pub/sub channel that wakes waiters (one per process
+    subscribes)."""
+    return f"{prefix}admission:wake"
 
 
 # ---- inference: routing -----------------------------------------------------------------------

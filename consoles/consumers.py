@@ -9,13 +9,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-import redis.asyncio as aioredis
 from asgiref.sync import sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.conf import settings
 
 from consoles.fleet_events import FLEET_GROUP, replica_rows
 from inference.router import OutstandingTokens
+from llm_platform.redis_clients import async_redis
 
 
 def _may_view(user) -> bool:
@@ -37,7 +37,7 @@ class FleetConsumer(AsyncJsonWebsocketConsumer):
         rows = await sync_to_async(replica_rows)()
         self._remember(rows)
         await self.send_json({"type": "replicas", "rows": rows, "snapshot": True})
-        self.redis = aioredis.Redis.from_url(settings.REDIS_URL)
+        self.redis = async_redis(max_connections=2)  # timeouts: llm_platform/redis_clients.py
         self.loads = OutstandingTokens(self.redis, settings.REDIS_KEY_PREFIX)
         self.load_task = asyncio.create_task(self._push_loads())
 

@@ -13,6 +13,7 @@ import os
 
 from celery import current_app, shared_task
 from celery.signals import worker_ready, worker_shutdown
+from django.conf import settings
 from django.utils import timezone
 
 from fleet.dispatch import START_TASK, STOP_TASK
@@ -33,7 +34,8 @@ def _start_agent(sender=None, **_):
         return
     from fleet.node_agent import AgentConfig, NodeAgent  # noqa: PLC0415
 
-    agent = NodeAgent(AgentConfig.from_env(dict(os.environ)), now=timezone.now)
+    config = AgentConfig.from_env(dict(os.environ), access_token=settings.REPLICA_ACCESS_TOKEN)
+    agent = NodeAgent(config, now=timezone.now)
     agent.start()
     sender.app.node_agent = agent
 

@@ -16,6 +16,7 @@ from django.db import transaction
 from fleet import load_readings as fleet_signals
 from fleet.scaling_decision import Decision, PolicyView, decide
 from fleet.dispatch import Dispatcher
+from billing.selectors import MissingPrice
 from fleet.models import RateSample, ScalingDecision
 from models_registry.models import ScalingPolicy
 from fleet.placement import drain_replicas, place_replicas
@@ -65,8 +66,13 @@ def _act(policy: ScalingPolicy, decision: Decision, now: datetime, ctx: FleetCon
          outstanding: dict[int, int]) -> Decision:
     version = policy.model_version
     if decision.delta > 0:
-        placed = place_replicas(version, decision.delta, now=now, reason=decision.reason,
-                                dispatcher=ctx.dispatcher, lost_after_s=ctx.lost_after_s)
+        try:
+            placed = place_replicas(version, decision.delta, now=now, reason=decision.reason,
+                                    dispatcher=ctx.dispatcher, lost_after_s=ctx.lost_after_s)
+        except MissingPrice as exc:
+            return Decision("hold", decision.current, decision.recommended, decision.current,
+                            f"{decision.reason}; not placed: {exc}",
+                            {**decision.numbers, "placed": 0})
         if len(placed) < decision.delta:
             return Decision(decision.action if placed else "hold", decision.current,
                             decision.recommended, decision.current + len(placed),

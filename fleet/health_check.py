@@ -17,10 +17,12 @@ from dataclasses import dataclass
 
 import tritonclient.grpc.aio as triton_aio
 from asgiref.sync import sync_to_async
+from django.conf import settings
 from django.utils import timezone
 
 from fleet.lifecycle import transition
 from models_registry.models import Replica
+from replica.access import grpc_headers
 
 
 @dataclass(frozen=True)
@@ -35,7 +37,10 @@ class HealthCheckTarget:
 async def _is_model_ready(target: HealthCheckTarget, timeout_s: float) -> bool:
     client = triton_aio.InferenceServerClient(target.grpc_address)
     try:
-        return bool(await asyncio.wait_for(client.is_model_ready(target.model_name), timeout_s))
+        # The health group is open, but a replica may restrict it too: the token goes along.
+        ready = client.is_model_ready(target.model_name,
+                                      headers=grpc_headers(settings.REPLICA_ACCESS_TOKEN))
+        return bool(await asyncio.wait_for(ready, timeout_s))
     except Exception:  # noqa: BLE001 - unreachable, refused, timed out: all "not ready"
         return False
     finally:

@@ -12,11 +12,17 @@ agent_tasks.py and `manage.py nodeagent`). Each replica is a `python -m replica.
   the grace period) and stops tritonserver; the watcher then records stopped.
 Popen is called on the thread that handles the task (PR_SET_PDEATHSIG fires when the spawning
 *thread* exits), never on a watcher thread.
+
+Access (replica/access.py, docs/security.md): a replica listens on the agent's bind address only
+(NODE_BIND_ADDRESS; default NODE_ADDRESS when that is an IP address, else loopback) and refuses
+calls without the replica access token, which the launcher gets in its environment (never on a
+command line); platform secrets are removed from the replica's environment.
 """
 from __future__ import annotations
 
 import asyncio
 import ctypes
+import ipaddress
 import logging
 import os
 import re
@@ -36,6 +42,10 @@ from django.db import close_old_connections, connection
 from fleet.lifecycle import transition
 from models_registry.models import Replica
 from fleet.nodes import heartbeat, register_node
+from replica.access import LOOPBACK, TOKEN_ENV
+
+# Platform secrets a replica has no use for: its model code handles untrusted prompts.
+_WITHHELD_FROM_REPLICAS = ("SECRET_KEY", "REPLICA_SECRET", "METRICS_TOKEN", "DATABASE_URL")
 
 logger = logging.getLogger(__name__)
 REPO = Path(__file__).resolve().parents[1]
@@ -47,6 +57,8 @@ class AgentConfig:
     name: str
     zone: str = ""
     address: str = "127.0.0.1"  # where the platform reaches this node's replicas
+    bind_address: str = LOOPBACK  # where the replicas listen
+    access_token: str = field(default="", repr=False)  # replicas refuse calls without it
     cpu_slots: int = 2
     memory_mib: int = 4096
     accelerator: str = "cpu"
@@ -56,11 +68,14 @@ class AgentConfig:
     log_dir: Path = REPO / "var" / "logs" / "agents"
 
     @classmethod
-    def from_env(cls, env: dict[str, str]) -> "AgentConfig":
+    def from_env(cls, env: dict[str, str], access_token: str = "") -> "AgentConfig":
+        address = env.get("NODE_ADDRESS", "127.0.0.1")
         return cls(
             name=env["NODE_NAME"],
             zone=env.get("NODE_ZONE", ""),
-            address=env.get("NODE_ADDRESS", "127.0.0.1"),
+            address=address,
+            bind_address=env.get("NODE_BIND_ADDRESS") or default_bind_address(address),
+            access_token=access_token,
             cpu_slots=int(env.get("NODE_CPU_SLOTS", "2")),
             memory_mib=int(env.get("NODE_MEMORY_MIB", "4096")),
             accelerator=env.get("NODE_ACCELERATOR", "cpu"),
@@ -90,6 +105,23 @@ class Child:
             return ""
 
 
+def default_bind_address(address: str) -> str:
+    """The node's address when it is an IP address (the replicas listen there only), else
+    loopback: a host name may resolve elsewhere, so NODE_BIND_ADDRESS must say it."""
+    try:
+        return str(ipaddress.ip_address(address))
+    except ValueError:
+        return LOOPBACK
+
+
+def replica_environment(base: dict[str, str], access_token: str) -> dict[str, str]:
+    """The launcher's environment: the access token in, platform secrets out."""
+    env = {k: v for k, v in base.items() if k not in _WITHHELD_FROM_REPLICAS and k != TOKEN_ENV}
+    if access_token:
+        env[TOKEN_ENV] = access_token
+    return env
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -101,12 +133,13 @@ def _die_with_parent() -> None:
     libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG: the launcher drains and stops its server
 
 
-async def _warm_up(grpc_address: str, model_name: str) -> None:
+async def _warm_up(grpc_address: str, model_name: str, access_token: str) -> None:
     """One short generation through the platform's own client: the replica answers for real."""
     from inference.replica_client import ReplicaRequest  # noqa: PLC0415
     from inference.triton_client import TritonReplicaClient  # noqa: PLC0415
 
-    client = TritonReplicaClient(first_token_timeout=120.0, token_timeout=60.0)
+    client = TritonReplicaClient(first_token_timeout=120.0, token_timeout=60.0,
+                                 access_token=access_token)
     try:
         request = ReplicaRequest(request_id=f"warmup-{os.getpid()}-{time.monotonic_ns()}",
                                  model_name=model_name, prompt_text="Hello", prompt_token_ids=None,
@@ -127,7 +160,8 @@ class NodeAgent:
         self.config = config
         self._now = now  # wall clock for the registry
         self._clock = clock  # monotonic, for load times
-        self._warm_up = warm_up or (lambda address, model: asyncio.run(_warm_up(address, model)))
+        self._warm_up = warm_up or (lambda address, model: asyncio.run(
+            _warm_up(address, model, config.access_token)))
         self._children: dict[int, Child] = {}
         self._lock = threading.Lock()
         self._stopped = threading.Event()
@@ -204,10 +238,13 @@ class NodeAgent:
         log_path = self.config.log_dir / f"{self.config.name}-replica-{replica_id}.log"
         command = launch_command(version.model.name, weights, version.quantization,
                                  (grpc_port, http_port, metrics_port),
-                                 self.config.replica_threads, self.config.drain_grace_s)
+                                 self.config.replica_threads, self.config.drain_grace_s,
+                                 self.config.bind_address)
+        env = replica_environment(dict(os.environ), self.config.access_token)
         with open(log_path, "ab") as log:
             popen = subprocess.Popen(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
+                                     stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent,
+                                     env=env)
         child = Child(replica_id, popen, log_path, version.model.name, f"{address}:{grpc_port}",
                       self._clock())
         child.thread = threading.Thread(target=self._watch, args=(child,), daemon=True,
@@ -299,13 +336,13 @@ class NodeAgent:
 
 def launch_command(model_name: str, weights: str, quantization: str,
                    ports: tuple[int, int, int], num_threads: int,
-                   drain_grace_s: float) -> list[str]:
+                   drain_grace_s: float, bind_address: str = LOOPBACK) -> list[str]:
     """The `replica.launch` command line of one replica. `quantization` is the version's
     stored value, passed as is (replica.launch maps '' and GGUF type names to none and refuses
-    what the engine cannot run)."""
+    what the engine cannot run). It holds no secret: it is visible in `ps`."""
     grpc_port, http_port, metrics_port = ports
     return [sys.executable, "-m", "replica.launch", "--model", model_name,
             "--weights", weights, "--quantization", quantization or "none",
             "--grpc-port", str(grpc_port), "--http-port", str(http_port),
             "--metrics-port", str(metrics_port), "--num-threads", str(num_threads),
-            "--drain-grace-s", str(drain_grace_s)]
+            "--drain-grace-s", str(drain_grace_s), "--bind-address", bind_address]

@@ -10,12 +10,17 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
+import logging
+
 from django.db import transaction
 
+from billing.selectors import MissingPrice
 from fleet.dispatch import Dispatcher
 from fleet.lifecycle import LIVE_STATES, transition
 from models_registry.models import Node, Replica, ScalingPolicy
 from fleet.placement import place_replicas
+
+logger = logging.getLogger(__name__)
 
 
 def register_node(name: str, *, zone: str, address: str, cpu_slots: int, memory_mib: int,
@@ -55,9 +60,12 @@ def detect_lost_nodes(now: datetime, *, lost_after_s: float, dispatcher: Dispatc
             for version in to_replace:
                 if not ScalingPolicy.objects.filter(model_version=version, enabled=True).exists():
                     continue  # hand-managed version: nobody asked the fleet to keep it up
-                ids += [r.pk for r in place_replicas(
-                    version, 1, now=now, reason=f"replaces a replica of lost node {node.name}",
-                    dispatcher=dispatcher, lost_after_s=lost_after_s,
-                    avoid_zones=frozenset({node.zone}))]
+                try:
+                    ids += [r.pk for r in place_replicas(
+                        version, 1, now=now, reason=f"replaces a replica of lost node {node.name}",
+                        dispatcher=dispatcher, lost_after_s=lost_after_s,
+                        avoid_zones=frozenset({node.zone}))]
+                except MissingPrice as exc:
+                    logger.error("not replacing a replica of %s: %s", version, exc)
             replaced[node.name] = ids
     return replaced

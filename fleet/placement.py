@@ -14,6 +14,7 @@ from datetime import datetime, timedelta
 
 from django.db import transaction
 
+from billing.selectors import require_price
 from fleet.dispatch import Dispatcher
 from fleet.lifecycle import LIVE_STATES, record_created, transition
 from models_registry.models import ModelVersion, Node, Replica, ScalingPolicy
@@ -64,7 +65,9 @@ def place_replicas(model_version: ModelVersion, count: int, *, now: datetime, re
                    dispatcher: Dispatcher, lost_after_s: float,
                    avoid_zones: frozenset[str] = frozenset()) -> list[Replica]:
     """Create up to `count` loading replicas on chosen nodes and ask their agents to start
-    them (after commit). Fewer when the fleet is full; the caller records that."""
+    them (after commit). Fewer when the fleet is full; the caller records that. Raises
+    MissingPrice when the version has no price in effect (it may not serve)."""
+    require_price(model_version, now)
     policy = ScalingPolicy.objects.filter(model_version=model_version).first()
     cpu_slots = policy.replica_cpu_slots if policy else 1
     memory_mib = policy.replica_memory_mib if policy else 1024

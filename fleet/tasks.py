@@ -1,10 +1,10 @@
 import asyncio
 
-import redis
 from celery import shared_task
 from django.conf import settings
 from django.utils import timezone
 
+from llm_platform.redis_clients import sync_redis
 from fleet import agent_tasks  # noqa: F401 - registers the node agent's tasks
 from fleet.autoscaler import FleetContext, autoscale_all
 from fleet.dispatch import CeleryDispatcher
@@ -25,7 +25,7 @@ def fleet_context(client) -> FleetContext:
 
 @shared_task(ignore_result=True)
 def autoscale() -> list[str]:
-    client = redis.Redis.from_url(settings.REDIS_URL)
+    client = sync_redis(max_connections=4)  # timeouts: llm_platform/redis_clients.py
     try:
         return [f"{d.model_version_id}:{d.action}:{d.desired_replicas}"
                 for d in autoscale_all(timezone.now(), fleet_context(client))]

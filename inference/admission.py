@@ -15,9 +15,14 @@ tenants running or waiting on it; nothing running always qualifies): a tenant ar
 another's burst starts at once instead of waiting for one of the burst's requests to finish;
 in flight stays bounded by capacity + headroom.
 
-Waiting is by notification, not polling: the pump pushes to the admitted waiter's wake list and
-the waiter blocks on it (BLPOP). A wake-up can be lost (a dropped connection); the waiter then
-polls after `fallback_poll_s`, which also refreshes its heartbeat.
+Waiting is by notification, not polling: the pump publishes the admitted waiter's ticket and
+the waiter's process, which listens on one pub/sub connection (inference/admission_wakeups.py),
+wakes it. A wake-up can be lost (a dropped connection); the waiter then polls after
+`fallback_poll_s`, which also refreshes its heartbeat.
+
+A slot is a lease: it expires `slot_ttl_s` after it was taken or last refreshed (`Slot.refresh`,
+called by its holder while the request runs), and the scripts reclaim expired slots before
+handing any out, so a slot of a process that died (or lost Redis) comes back by itself.
 
 Invariants: work-conserving (a slot is never idle while a live waiter for its version exists:
 every enter, release and fallback poll with free slots pumps); at most `max_queue` waiters per
@@ -33,17 +38,18 @@ from dataclasses import dataclass
 from typing import Awaitable, Callable
 from common import redis_keys
 
+from inference.admission_wakeups import WakeUps
+
 # Wait-time histogram bounds (ms); the last bucket is +Inf.
 WAIT_BUCKETS_MS = (10, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000)
 
 # KEYS: waiting (hash ticket -> waiter JSON), running (zset ticket -> expiry ms), vtime (hash
 # tenant -> virtual tokens served, '__clock'), stats (hash), capacity (hash version ->
 # 'capacity:headroom', as last reported by a caller). ARGV[1..3] of every script: now_ms,
-# slot_ttl_ms, wake-list key prefix (the wake list of a ticket is prefix .. ticket).
+# slot_ttl_ms, the wake-up channel (the pump publishes each admitted ticket there).
 _COMMON = """
 local K_WAIT, K_RUN, K_VT, K_HIST, K_CAP = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local NOW, SLOT_TTL, WAKE = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3]
-local WAKE_TTL = 60000
 local BUCKETS = {%(buckets)s}
 local function purge()
   redis.call('ZREMRANGEBYSCORE', K_RUN, '-inf', NOW)
@@ -136,8 +142,7 @@ local function pump()
     if served > clock then redis.call('HSET', K_VT, '__clock', served) end
     redis.call('HSET', K_VT, w.tenant, served + w.cost)
     record_wait(NOW - w.at)
-    redis.call('RPUSH', WAKE .. ticket, 1)
-    redis.call('PEXPIRE', WAKE .. ticket, WAKE_TTL)
+    redis.call('PUBLISH', WAKE, ticket)
   end
 end
 """
@@ -170,7 +175,6 @@ redis.call('HSET', K_WAIT, ticket, cjson.encode({priority = tonumber(ARGV[5]), t
   cost = tonumber(ARGV[7]), v = version, seq = seq, at = NOW, hb = NOW + hb_ms}))
 pump()
 if redis.call('ZSCORE', K_RUN, ticket) then
-  redis.call('DEL', WAKE .. ticket)
   return 1
 end
 if redis.call('HLEN', K_WAIT) > max_queue then  -- it would have to wait, and there is no room
@@ -188,7 +192,6 @@ _POLL = """
 local ticket, version, hb_ms = ARGV[4], ARGV[5], tonumber(ARGV[8])
 redis.call('HSET', K_CAP, version, ARGV[6] .. ':' .. ARGV[7])
 if redis.call('ZSCORE', K_RUN, ticket) then
-  redis.call('DEL', WAKE .. ticket)
   return 1
 end
 local raw = redis.call('HGET', K_WAIT, ticket)
@@ -196,12 +199,13 @@ if not raw then return -2 end
 local w = cjson.decode(raw)
 w.hb = NOW + hb_ms
 redis.call('HSET', K_WAIT, ticket, cjson.encode(w))
--- Releases pump, so a poll only has to when slots are free (a slot expired, capacity grew).
+-- Releases pump, so a poll only has to when slots are free (a slot's lease expired, capacity
+-- grew); purge first: an expired slot still counts in the running set until reclaimed.
+purge()
 local _, total = capacities()
 if redis.call('ZCARD', K_RUN) < total then
   pump()
   if redis.call('ZSCORE', K_RUN, ticket) then
-    redis.call('DEL', WAKE .. ticket)
     return 1
   end
 end
@@ -214,7 +218,6 @@ _LEAVE = """
 local ticket = ARGV[4]
 redis.call('HDEL', K_WAIT, ticket)
 redis.call('ZREM', K_RUN, ticket)
-redis.call('DEL', WAKE .. ticket)
 if ARGV[5] ~= '' then redis.call('HINCRBY', K_HIST, 'rejected_' .. ARGV[5], 1) end
 pump()
 return 1
@@ -275,15 +278,19 @@ class Slot:
     async def release(self) -> None:
         await self.queue.leave(self.model, self.ticket)
 
+    async def refresh(self) -> bool:
+        """Extend the lease by the queue's slot TTL; False if it had expired (reclaimed)."""
+        return await self.queue.refresh(self.model, self.ticket)
+
 
 class AdmissionQueue:
     """`redis`: asyncio client; `clock`: wall-clock seconds (compared across processes).
-    `fallback_poll_s`: how long a waiter blocks on its wake list before it polls (must stay
+    `fallback_poll_s`: how long a waiter waits for its wake-up before it polls (must stay
     below `heartbeat_s`)."""
 
     def __init__(self, redis, key_prefix: str, clock: Callable[[], float],
                  policy: AdmissionPolicy, max_queue: int, heartbeat_s: float = 5.0,
-                 slot_ttl_s: float = 900.0, fallback_poll_s: float = 1.0):
+                 slot_ttl_s: float = 30.0, fallback_poll_s: float = 1.0):
         if not 0 < fallback_poll_s < heartbeat_s:
             raise ValueError("fallback_poll_s must be positive and below heartbeat_s")
         self._redis = redis
@@ -298,6 +305,7 @@ class AdmissionQueue:
         self._enter = redis.register_script(common + _ENTER)
         self._poll = redis.register_script(common + _POLL)
         self._leave = redis.register_script(common + _LEAVE)
+        self.wakeups = WakeUps(redis, redis_keys.admission_wake_channel(key_prefix))
 
     def keys(self, model: str) -> list[str]:
         return queue_keys(self._prefix, model)
@@ -305,11 +313,8 @@ class AdmissionQueue:
     def models_key(self) -> str:
         return redis_keys.admission_models(self._prefix)
 
-    def _wake_prefix(self, model: str) -> str:
-        return redis_keys.admission_wake_prefix(self._prefix, model)
-
     def _common_args(self, model: str) -> list:
-        return [int(self._clock() * 1000), self._slot_ttl_ms, self._wake_prefix(model)]
+        return [int(self._clock() * 1000), self._slot_ttl_ms, self.wakeups.channel]
 
     async def admit(self, model: str, model_version_id: int, waiter: Waiter, capacity: int,
                     headroom: int = 0,
@@ -321,16 +326,22 @@ class AdmissionQueue:
         poll, for a version whose capacity is growing (its first replica is loading; no release
         wakes such a waiter, so it finds the new capacity on its fallback poll)."""
         ticket = f"{waiter.tenant}:{model_version_id}:{uuid.uuid4().hex}"
+        async with self.wakeups.expect(ticket):
+            return await self._admit(model, model_version_id, waiter, ticket, capacity,
+                                     headroom, refresh)
+
+    async def _admit(self, model, model_version_id, waiter, ticket, capacity, headroom,
+                     refresh) -> Slot:
         keys = self.keys(model)
         started = self._clock()
         await self._redis.sadd(self.models_key(), model)
-        state = int(await self._enter(keys=keys, args=[
-            *self._common_args(model), ticket, waiter.priority, waiter.tenant,
-            waiter.cost_tokens, model_version_id, capacity, headroom, self._max_queue,
-            self._heartbeat_ms]))
-        if state == -1:
-            raise QueueFull()
         try:
+            state = int(await self._enter(keys=keys, args=[
+                *self._common_args(model), ticket, waiter.priority, waiter.tenant,
+                waiter.cost_tokens, model_version_id, capacity, headroom, self._max_queue,
+                self._heartbeat_ms]))
+            if state == -1:
+                raise QueueFull()
             while state != 1:
                 remaining = waiter.max_wait_s - (self._clock() - started)
                 if remaining <= 0:
@@ -344,16 +355,35 @@ class AdmissionQueue:
                     self._heartbeat_ms]))
                 if state == -2:
                     raise QueueTimeout()
-        except asyncio.CancelledError:
-            await asyncio.shield(self.leave(model, ticket))
+        except (QueueFull, QueueTimeout):
+            raise
+        except BaseException:
+            # Cancelled, or Redis failed mid-wait: leave the queue (or free the slot the pump
+            # may already have handed over), bounded; what fails expires (heartbeat, slot TTL).
+            await self._leave_quietly(model, ticket)
             raise
         return Slot(self, model, model_version_id, ticket, self._clock() - started)
 
+    async def _leave_quietly(self, model: str, ticket: str) -> None:
+        try:
+            await asyncio.wait_for(asyncio.shield(self.leave(model, ticket)),
+                                   self._fallback_poll_s * 2)
+        except Exception:  # noqa: BLE001 - its heartbeat or slot TTL runs out instead
+            pass
+
     async def wait_for_wake(self, model: str, ticket: str, timeout_s: float) -> bool:
-        """Block until the pump pushes to this ticket's wake list, or `timeout_s` passes."""
-        popped = await self._redis.blpop([self._wake_prefix(model) + ticket],
-                                         timeout=max(0.001, round(timeout_s, 3)))
-        return popped is not None
+        """Block until the pump wakes this ticket, or `timeout_s` passes."""
+        return await self.wakeups.wait(ticket, timeout_s)
+
+    async def refresh(self, model: str, ticket: str) -> bool:
+        """Extend a held slot's lease; False when it is no longer held (expired, reclaimed)."""
+        expiry = int(self._clock() * 1000) + self._slot_ttl_ms
+        # XX: never re-creates a reclaimed slot; CH: counts the updated score (1 when held).
+        return bool(await self._redis.zadd(self.keys(model)[1], {ticket: expiry}, xx=True,
+                                           ch=True))
+
+    async def close(self) -> None:
+        await self.wakeups.close()
 
     async def leave(self, model: str, ticket: str, reason: str = "") -> None:
         await self._leave(keys=self.keys(model), args=[

@@ -7,9 +7,14 @@ class InferenceConfig(AppConfig):
 
     def ready(self) -> None:
         from common.per_loop import PerLoop
+        from django.db.backends.signals import connection_created
+
         from inference.container import build_container
+        from llm_platform.db_watchdog import install
         from inference.tokenization import TokenizerCache
 
         # Per-process state lives here, on the app registry, not in module globals.
         self.tokenizers = TokenizerCache()
         self.containers = PerLoop(lambda: build_container(self.tokenizers))  # one per event loop
+        # A read timeout for PostgreSQL on the request path (llm_platform/db_watchdog.py).
+        connection_created.connect(install, dispatch_uid="llm_platform.db_watchdog")

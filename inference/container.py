@@ -34,6 +34,7 @@ from inference.router import (
 from inference.routing_stats import RoutingStats
 from inference.tokenization import TokenizerCache
 from inference.triton_client import TritonReplicaClient
+from llm_platform.redis_clients import async_redis
 from inference.fallbacks import FallbackRecorder
 from tenants.buckets import TokenBuckets
 from tenants.selectors import LimitsCache
@@ -58,12 +59,13 @@ class Container:
 
     async def close(self) -> None:
         await self.signal_poller.stop()
+        await self.admission.close()
         await self.replica_client.close()
         await self.redis.aclose()
 
 
 def build_container(tokenizers: TokenizerCache) -> Container:
-    redis = aioredis.Redis.from_url(settings.REDIS_URL)
+    redis = async_redis()
     clock = time.monotonic
     prefix = settings.REDIS_KEY_PREFIX
     signals = SignalStore(redis, prefix, settings.ROUTER_SIGNALS_TTL_SECONDS)
@@ -88,10 +90,11 @@ def build_container(tokenizers: TokenizerCache) -> Container:
         replica_client=TritonReplicaClient(
             first_token_timeout=settings.TRITON_FIRST_TOKEN_TIMEOUT_SECONDS,
             token_timeout=settings.TRITON_TOKEN_TIMEOUT_SECONDS,
+            access_token=settings.REPLICA_ACCESS_TOKEN,
         ),
         router=Router(
             ReplicaDirectory(clock, settings.REGISTRY_CACHE_TTL_SECONDS),
-            OutstandingTokens(redis, prefix),
+            OutstandingTokens(redis, prefix, time.time, ttl_s=settings.ADMISSION_SLOT_TTL_SECONDS),
             random.Random(),
             routing,
             poller,
@@ -106,7 +109,8 @@ def build_container(tokenizers: TokenizerCache) -> Container:
         buckets=TokenBuckets(redis, prefix, time.time),
         admission=AdmissionQueue(redis, prefix, time.time,
                                  ADMISSION_POLICIES[settings.ADMISSION_POLICY](),
-                                 max_queue=settings.ADMISSION_MAX_QUEUE),
+                                 max_queue=settings.ADMISSION_MAX_QUEUE,
+                                 slot_ttl_s=settings.ADMISSION_SLOT_TTL_SECONDS),
         signal_poller=poller,
         rollouts=RolloutCatalog(clock, settings.REGISTRY_CACHE_TTL_SECONDS, rollout_source),
         # Wall-clock minutes: the evaluator reads them in another process.

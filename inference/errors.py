@@ -1,8 +1,9 @@
 """API errors as OpenAI-style JSON: {"error": {"message", "type", "code"}}.
 
-The openai client maps statuses to its exception types (401 AuthenticationError, 404
-NotFoundError, 400 BadRequestError, 409 ConflictError, 422 UnprocessableEntityError, 429
-RateLimitError, 503 InternalServerError after its retries), so status and body are the contract.
+The openai client maps statuses to its exception types (400 BadRequestError, 401
+AuthenticationError, 403 PermissionDeniedError, 404 NotFoundError, 409 ConflictError, 422
+UnprocessableEntityError, 429 RateLimitError, 503 InternalServerError after its retries), so
+status and body are the contract. docs/api-errors.md lists every code.
 """
 from __future__ import annotations
 
@@ -51,6 +52,12 @@ class Unauthorized(ApiError):
     status = 401
     type = "authentication_error"
     code = "invalid_api_key"
+
+
+class Forbidden(ApiError):
+    status = 403
+    type = "permission_error"
+    code = "forbidden"
 
 
 class NotFound(ApiError):
@@ -115,3 +122,11 @@ class ModelFailed(ApiError):
     status = 500
     type = "server_error"
     code = "model_error"
+
+
+class DeadlineExceeded(ApiError):
+    """The request ran past settings.REQUEST_DEADLINE_SECONDS; what it held was released."""
+
+    status = 504
+    type = "server_error"
+    code = "deadline_exceeded"

@@ -6,9 +6,20 @@ is retried on another ready replica (at most settings.ROUTER_MAX_ATTEMPTS replic
 retried: input the replica refused (400), a request that failed alone inside a working replica
 (500 model_error) and a request in flight when its replica's engine died (503; the replica is
 dropped from routing at once and marked failed). A request refused by an already dead engine is
-retried elsewhere. Whatever
-happens (finish, error, client disconnect) the lease is released, one usage row is recorded
-and the Idempotency-Key is either completed with the reply or abandoned.
+retried elsewhere. Whatever happens (finish, error, client disconnect, Redis or PostgreSQL
+failing) the admission slot and the replica lease are released, one usage row is recorded and the
+Idempotency-Key is either completed with the reply or abandoned. While the request runs, a
+KeepAlive refreshes the slot, the lease and the pending key (all expiring leases in Redis); each
+release step waits at most settings.CLEANUP_STEP_TIMEOUT_SECONDS, and whatever a failing Redis
+kept is reclaimed when its lease expires (settings.ADMISSION_SLOT_TTL_SECONDS,
+IDEMPOTENCY_PENDING_TTL_SECONDS).
+
+Metering (docs/billing.md): before anything else the request takes its usage lease and sends a
+pending usage event; at the end it sends the final one, with every token the replicas computed
+for it: the final chunk's counts, or, for an attempt that ended without one (client gone,
+stream broken), the replica's own usage ledger, asked with abort (so a cancelled request is
+charged the prompt tokens the replica prefilled). The token bucket is corrected with the same
+count; the usage lease goes only once the final event is durable.
 """
 from __future__ import annotations
 
@@ -22,12 +33,14 @@ from typing import AsyncIterator
 
 from django.conf import settings
 
+from billing.leases import UsageLease
 from billing.models import UsageRecord
 from billing.services import UsageEvent, record_usage
 from inference.admission import QueueFull, QueueTimeout, Slot, Waiter
 from inference.container import Container
 from inference.db_connection import release_db_connection
 from inference.errors import InvalidRequest, ModelFailed, ReplicaDied, ReplicaFailed, ServiceUnavailable
+from inference.keepalive import KeepAlive
 from inference.pipeline import Prepared, record_fallback, retarget
 from inference.quota import settle
 from inference.replica_client import (
@@ -39,6 +52,7 @@ from inference.replica_client import (
     ReplicaStreamError,
     ReplicaUnavailable,
 )
+from inference.request_metering import Attempt, Tokens, computed_tokens, pending_event
 from inference.prefix_index import prompt_block_hashes
 from inference.router import NoReplicaReady, RouteRequest
 from models_registry.selectors import can_cold_start
@@ -91,6 +105,7 @@ class _Progress:
     final: ReplicaChunk | None = None
     last: ReplicaChunk | None = None
     status: str = UsageRecord.Status.FAILED
+    attempts: list[Attempt] = field(default_factory=list)
 
 
 def replica_request(prepared: Prepared) -> ReplicaRequest:
@@ -156,19 +171,40 @@ async def _admit(container: Container, prepared: Prepared) -> Slot | None:
         ) from None
 
 
+async def _bounded(step, what: str, request_id: str) -> None:
+    """One cleanup step, shielded from cancellation and bounded in time; a failure is logged
+    (what it would have released expires by itself)."""
+    try:
+        await asyncio.wait_for(asyncio.shield(step), settings.CLEANUP_STEP_TIMEOUT_SECONDS)
+    except Exception as exc:  # noqa: BLE001 - never fail or hang a request in its cleanup
+        logger.warning("%s failed for %s: %r", what, request_id, exc)
+
+
 async def generate(container: Container, prepared: Prepared) -> AsyncIterator[Delta | Done]:
     clock = container.clock
     progress = _Progress(started=clock())
     result: Result | None = None
     slot: Slot | None = None
     current = prepared  # becomes the stable version if a canary cannot serve the request
+    keepalive = KeepAlive(settings.REQUEST_KEEPALIVE_SECONDS,
+                          settings.CLEANUP_STEP_TIMEOUT_SECONDS,
+                          max_s=settings.REQUEST_DEADLINE_SECONDS + 60)
+    if prepared.claim is not None:
+        claim = prepared.claim
+        keepalive.hold("idempotency", lambda: container.idempotency.refresh(claim))
+    usage_lease = UsageLease(container.redis, container.key_prefix, prepared.request_id,
+                             settings.BILLING_LEASE_TTL_SECONDS)
     try:
+        await _open_usage(prepared, usage_lease)
         while True:
             tried: set[int] = set()
             try:
                 slot = await _admit(container, current)
+                if slot is not None:
+                    keepalive.hold("slot", slot.refresh)
                 # aclosing: a client that goes away closes the replica's stream at once.
-                async with aclosing(_stream(container, current, progress, tried)) as deltas:
+                async with aclosing(_stream(container, current, progress, tried,
+                                            keepalive)) as deltas:
                     async for delta in deltas:
                         yield delta
                 break
@@ -178,6 +214,7 @@ async def generate(container: Container, prepared: Prepared) -> AsyncIterator[De
                 if (current.fallback is None or progress.first_token_at is not None
                         or isinstance(exc, ReplicaDied)):
                     raise
+                keepalive.drop("slot")
                 slot = await _release_slot(slot, current)
                 await record_fallback(container, current.rollout_id, FAILED if tried else UNAVAILABLE)
                 logger.warning("canary %s of rollout %s could not serve %s; falling back to "
@@ -205,7 +242,18 @@ async def generate(container: Container, prepared: Prepared) -> AsyncIterator[De
         raise
     finally:
         # Shielded: a second cancellation must not lose the usage row or the key's state.
-        await asyncio.shield(_finish(container, current, progress, result, slot))
+        await asyncio.shield(_finish(container, current, progress, result, slot, keepalive,
+                                     usage_lease))
+
+
+async def _open_usage(prepared: Prepared, usage_lease: UsageLease) -> None:
+    """The usage lease, then the pending usage event: from here on the request is billed even
+    if this process dies (the reaper finalises it)."""
+    await usage_lease.hold()
+    try:
+        await record_usage(pending_event(prepared))
+    except Exception:  # noqa: BLE001 - the final event still bills it
+        logger.exception("pending usage for %s was not recorded", prepared.request_id)
 
 
 async def _report(outcome) -> None:
@@ -218,7 +266,7 @@ async def _report(outcome) -> None:
 
 
 async def _stream(container: Container, prepared: Prepared, progress: _Progress,
-                  tried: set[int]) -> AsyncIterator[Delta]:
+                  tried: set[int], keepalive: KeepAlive) -> AsyncIterator[Delta]:
     """Stream from a ready replica of `prepared.target` until the final chunk (in
     `progress.final`); a replica failing before the first token is retried on another (at most
     ROUTER_MAX_ATTEMPTS); each outcome is reported to the router (circuit, prefix index)."""
@@ -244,25 +292,30 @@ async def _stream(container: Container, prepared: Prepared, progress: _Progress,
                 headers={"Retry-After": str(settings.NO_REPLICA_RETRY_AFTER_SECONDS)},
             ) from None
         tried.add(lease.replica.replica_id)
-        await release_db_connection()  # not held while streaming
         progress.replica_id = lease.replica.replica_id
+        keepalive.hold("lease", lease.refresh)
+        attempt = Attempt(lease.replica.grpc_address, request.model_name)
+        progress.attempts.append(attempt)
         try:
+            await release_db_connection()  # not held while streaming
             async with aclosing(
                 container.replica_client.stream(lease.replica.grpc_address, request)
             ) as chunks:
                 async for chunk in chunks:
-                    progress.last = chunk
+                    progress.last = attempt.last = chunk
                     if progress.first_token_at is None:
                         progress.first_token_at = clock()
-                        await lease.release_prompt()
+                        # Best effort: the lease gives back the rest (or expires) at the end.
+                        await _report(lease.release_prompt())
                         await _report(container.router.first_token(lease))
                     if chunk.text:
                         progress.deltas.append(chunk.text)
                         yield Delta(chunk.text)
                     if chunk.final:
-                        progress.final = chunk
+                        progress.final = attempt.final = chunk
                         break
         except ReplicaRejected as exc:
+            attempt.rejected = True
             progress.status = UsageRecord.Status.REJECTED
             raise InvalidRequest(str(exc) or "The replica refused the request.") from exc
         except ReplicaRequestFailed as exc:
@@ -292,7 +345,8 @@ async def _stream(container: Container, prepared: Prepared, progress: _Progress,
                                     headers={"Retry-After": "1"}) from exc
             continue
         finally:
-            await asyncio.shield(lease.release())
+            keepalive.drop("lease")
+            await _bounded(lease.release(), "lease release", prepared.request_id)
         if progress.final is None:
             raise ReplicaFailed("The replica ended the stream without a final response.")
         await _report(container.router.finished(
@@ -302,40 +356,41 @@ async def _stream(container: Container, prepared: Prepared, progress: _Progress,
 
 
 async def _release_slot(slot: Slot | None, prepared: Prepared) -> None:
-    if slot is not None:
-        try:
-            await slot.release()
-        except Exception:  # noqa: BLE001 - the slot expires after its TTL anyway
-            logger.exception("admission slot release failed for %s", prepared.request_id)
+    if slot is not None:  # on failure the slot's lease expires (ADMISSION_SLOT_TTL_SECONDS)
+        await _bounded(slot.release(), "admission slot release", prepared.request_id)
     return None
 
 
 async def _finish(container: Container, prepared: Prepared, progress: _Progress,
-                  result: Result | None, slot: Slot | None) -> None:
+                  result: Result | None, slot: Slot | None, keepalive: KeepAlive,
+                  usage_lease: UsageLease) -> None:
+    await keepalive.stop()
     await _release_slot(slot, prepared)
-    try:
-        if prepared.claim is not None:
-            if result is not None:
-                await container.idempotency.complete(prepared.claim, result.to_dict())
-            else:
-                await container.idempotency.abandon(prepared.claim)
-    except Exception:  # noqa: BLE001 - a Redis hiccup must not lose the usage row
-        logger.exception("idempotency bookkeeping failed for %s", prepared.request_id)
-    last = progress.final or progress.last
+    if prepared.claim is not None:  # on failure the pending key expires (its TTL)
+        if result is not None:
+            step = container.idempotency.complete(prepared.claim, result.to_dict())
+        else:
+            step = container.idempotency.abandon(prepared.claim)
+        await _bounded(step, "idempotency bookkeeping", prepared.request_id)
+    tokens = await computed_tokens(container.replica_client, prepared.request_id,
+                                   progress.attempts, settings.BILLING_REPLICA_USAGE_WAIT_SECONDS)
     now = container.clock()
-    event = _usage_event(prepared, progress, last, now)
-    try:
-        # Charged what it used, whatever the end (finished, failed, cancelled).
-        await settle(container.buckets, prepared.charge, event.input_tokens + event.output_tokens)
-    except Exception:  # noqa: BLE001 - the bucket refills anyway; the reply stands
-        logger.exception("quota correction failed for %s", prepared.request_id)
+    event = _usage_event(prepared, progress, tokens, now)
+    # Charged what it used, whatever the end (finished, failed, cancelled); on failure the
+    # bucket keeps the estimate, which refills anyway.
+    await _bounded(settle(container.buckets, prepared.charge,
+                          event.input_tokens + event.output_tokens),
+                   "quota correction", prepared.request_id)
     try:
         await record_usage(event)
-    except Exception:  # noqa: BLE001 - the reply stands; issue 7's outbox makes this durable
+    except Exception:  # noqa: BLE001 - the lease expires and the reaper finalises the row
         logger.exception("usage for %s was not recorded", prepared.request_id)
+        usage_lease.abandon()
+        return
+    await usage_lease.release()
 
 
-def _usage_event(prepared: Prepared, progress: _Progress, last: ReplicaChunk | None,
+def _usage_event(prepared: Prepared, progress: _Progress, tokens: Tokens,
                  now: float) -> UsageEvent:
     return UsageEvent(
         request_id=prepared.request_id,
@@ -344,14 +399,14 @@ def _usage_event(prepared: Prepared, progress: _Progress, last: ReplicaChunk | N
         model_name=prepared.target.model_name,
         model_version_id=prepared.target.model_version_id,
         replica_id=progress.replica_id,
-        input_tokens=(last.num_input_tokens if last else 0) or (
-            len(prepared.prompt_token_ids) if progress.first_token_at is not None else 0),
-        cached_tokens=last.num_cached_tokens if last else 0,
-        output_tokens=last.num_output_tokens if last else 0,
+        input_tokens=tokens.input_tokens,
+        cached_tokens=tokens.cached_tokens,
+        output_tokens=tokens.output_tokens,
         ttft_ms=None if progress.first_token_at is None
         else (progress.first_token_at - progress.started) * 1000.0,
         total_ms=(now - progress.started) * 1000.0,
         status=progress.status,
         finish_reason=(progress.final.finish_reason if progress.final else ""),
         endpoint=prepared.request.endpoint,
+        estimated_tokens=prepared.charge.estimated_tokens,
     )

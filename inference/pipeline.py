@@ -3,7 +3,6 @@ the Idempotency-Key. Shared by the HTTP views and the WebSocket consumer."""
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import uuid
 from dataclasses import dataclass, replace
@@ -16,11 +15,12 @@ from inference.container import Container
 from inference.errors import (
     InvalidRequest,
     NotFound,
-    PayloadTooLarge,
     ServiceUnavailable,
     Unauthorized,
 )
 from inference.idempotency import Claim, Replay, fingerprint, validate_key
+from inference.json_body import decode_json
+from inference.key_ratelimit import check_key_rate
 from inference.quota import Charge, admit, current_headers
 from inference.schemas import GenerationRequest, parse_request
 from inference.fallbacks import FAILED, UNAVAILABLE
@@ -69,18 +69,15 @@ async def authenticate_header(container: Container, authorization: str | None) -
                            code="missing_api_key")
     try:
         return await authenticate(token, container.redis, container.key_prefix,
-                                  settings.API_KEY_CACHE_SECONDS)
+                                  settings.API_KEY_CACHE_SECONDS,
+                                  settings.API_KEY_NEGATIVE_CACHE_SECONDS)
     except AuthenticationFailed as exc:
         raise Unauthorized(str(exc)) from exc
 
 
 def decode_body(raw_body: bytes) -> object:
-    if len(raw_body) > settings.API_MAX_BODY_BYTES:
-        raise PayloadTooLarge(f"The request body exceeds {settings.API_MAX_BODY_BYTES} bytes.")
-    try:
-        return json.loads(raw_body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InvalidRequest(f"Malformed JSON body: {exc}", code="invalid_json") from exc
+    """The body as JSON with json_body's invariants (bounded, finite, valid Unicode)."""
+    return decode_json(raw_body, settings.API_MAX_BODY_BYTES)
 
 
 async def _tokenize(container: Container, target: ServingVersion, request: GenerationRequest):
@@ -129,10 +126,13 @@ async def quota_headers_for(container: Container, authorization: str | None) -> 
     """The x-ratelimit-* headers for a refusal raised before the bucket check: the tenant's
     buckets as they are, nothing charged. Empty when the key does not authenticate (or Redis
     fails: the refusal itself must still go out)."""
-    try:
+    async def lookup() -> dict[str, str]:
         principal = await authenticate_header(container, authorization)
         limits = await container.limits.get(principal.tenant_id)
         return await current_headers(container.buckets, limits)
+
+    try:  # bounded: a slow dependency must not hold the refusal
+        return await asyncio.wait_for(lookup(), settings.CLEANUP_STEP_TIMEOUT_SECONDS)
     except Exception:  # noqa: BLE001 - headers are best effort on an error reply
         return {}
 
@@ -183,8 +183,10 @@ async def prepare(container: Container, endpoint: str, authorization: str | None
                   conversation_id: str | None = None) -> Prepared | Replayed:
     """Raises ApiError subclasses for every refusal (401, 400, 404, 409, 422, 429).
     `conversation_id` (the X-Conversation-Id header) keeps a conversation on one version
-    while a canary rollout runs."""
+    while a canary rollout runs. Counts the request against its key's rate (HTTP and
+    WebSocket alike)."""
     principal = await authenticate_header(container, authorization)
+    await check_key_rate(principal.api_key_id)
     return await prepare_as(container, endpoint, principal, body, idempotency_key,
                             conversation_id)
 

@@ -1,15 +1,16 @@
 """Quota admission on the request path: estimate -> charge -> headers; correct at the end.
 
 The estimate is prompt tokens + max_tokens. `admit` charges it to the tenant's buckets or
-raises 429 (Retry-After: whole seconds until this request would fit) or 400 (the estimate can
-never fit the token bucket). `settle` corrects the tokens bucket with what the request used.
+raises 429 (Retry-After: whole seconds until this request would fit), 400 (the estimate can
+never fit the token bucket) or 403 `tenant_suspended` (a limit of 0: nothing ever fits).
+`settle` corrects the tokens bucket with what the request used.
 `current_headers` reports the buckets without charging, for replies that never reach `admit`.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from inference.errors import InvalidRequest, RateLimited
+from inference.errors import Forbidden, InvalidRequest, RateLimited
 from tenants.buckets import BucketState, TokenBuckets
 from tenants.selectors import Limits
 
@@ -53,6 +54,13 @@ class Charge:
 
 async def admit(buckets: TokenBuckets, limits: Limits, num_prompt_tokens: int,
                 max_tokens: int) -> Charge:
+    if limits.suspended:
+        # 403, not 429: waiting never helps, and clients retry a 429 on their own.
+        raise Forbidden(
+            f"This tenant is suspended: its limits are {limits.requests_per_minute} "
+            f"requests/min (burst {limits.request_burst}) and {limits.tokens_per_minute} "
+            f"tokens/min (burst {limits.token_burst}), so no request can be admitted. Ask the "
+            "platform's operators to restore them.", code="tenant_suspended")
     estimate = num_prompt_tokens + max_tokens
     if estimate > limits.token_burst:
         raise InvalidRequest(

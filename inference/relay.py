@@ -4,19 +4,37 @@
 that fails before any token (no replica, every replica failed, replica refused the input)
 raises its ApiError and gets a proper HTTP status; after that, failures become the format's
 error event. Closing the returned iterator closes the generation (which cancels the replica).
+
+`deadline` (the event loop's clock, from `request_deadline()`): past it the generation is
+cancelled (releasing all it holds) and the client gets 504 deadline_exceeded, or the stream's
+error event; a failing dependency mid-stream (Redis, PostgreSQL) is the error event too, so
+every stream ends with a final event.
 """
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import time
 from contextlib import aclosing
 from typing import AsyncIterator
 
+from django.conf import settings
+
 from inference.container import Container
 from inference.errors import ApiError
+from inference.faults import as_api_error, deadline_exceeded
 from inference.formats.base import Event, ResponseFormat, StreamMeta, replay_events
 from inference.generation import Delta, Done, Result, generate
 from inference.pipeline import Prepared, Replayed
+
+
+logger = logging.getLogger(__name__)
+
+
+def request_deadline() -> float:
+    """When a request starting now must have its final answer (event loop time)."""
+    return asyncio.get_running_loop().time() + settings.REQUEST_DEADLINE_SECONDS
 
 
 def meta_for(outcome: Prepared | Replayed) -> StreamMeta:
@@ -34,17 +52,22 @@ async def _iterate(events: list[Event]) -> AsyncIterator[Event]:
 
 
 async def open_events(container: Container, outcome: Prepared | Replayed,
-                      fmt: ResponseFormat) -> AsyncIterator[Event]:
+                      fmt: ResponseFormat, deadline: float | None = None) -> AsyncIterator[Event]:
     meta = meta_for(outcome)
     if isinstance(outcome, Replayed):
         return _iterate(replay_events(fmt, meta, Result.from_dict(outcome.result)))
+    deadline = request_deadline() if deadline is None else deadline
     generation = generate(container, outcome)
-    first = await anext(generation)  # raises ApiError before any token
-    return _relay(generation, first, fmt, meta)
+    try:
+        async with asyncio.timeout_at(deadline):
+            first = await anext(generation)  # raises ApiError before any token
+    except TimeoutError:
+        raise deadline_exceeded() from None
+    return _relay(generation, first, fmt, meta, deadline)
 
 
 async def _relay(generation, first: Delta | Done, fmt: ResponseFormat,
-                 meta: StreamMeta) -> AsyncIterator[Event]:
+                 meta: StreamMeta, deadline: float) -> AsyncIterator[Event]:
     async with aclosing(generation):
         for event in fmt.start(meta):
             yield event
@@ -57,20 +80,29 @@ async def _relay(generation, first: Delta | Done, fmt: ResponseFormat,
                     return
                 for event in fmt.delta(meta, item.text):
                     yield event
-                item = await anext(generation)
-        except ApiError as exc:
-            for event in fmt.error(meta, exc.body()):
+                async with asyncio.timeout_at(deadline):
+                    item = await anext(generation)
+        except Exception as exc:  # noqa: BLE001 - every stream ends with a final event
+            error = deadline_exceeded() if isinstance(exc, TimeoutError) else as_api_error(
+                exc, "stream")
+            for event in fmt.error(meta, error.body()):
                 yield event
 
 
-async def complete(container: Container, outcome: Prepared | Replayed) -> Result:
-    """The whole reply of a non-streaming request."""
+async def complete(container: Container, outcome: Prepared | Replayed,
+                   deadline: float | None = None) -> Result:
+    """The whole reply of a non-streaming request (504 past `deadline`)."""
     if isinstance(outcome, Replayed):
         return Result.from_dict(outcome.result)
-    async with aclosing(generate(container, outcome)) as generation:
-        async for item in generation:
-            if isinstance(item, Done):
-                return item.result
+    deadline = request_deadline() if deadline is None else deadline
+    try:
+        async with asyncio.timeout_at(deadline):
+            async with aclosing(generate(container, outcome)) as generation:
+                async for item in generation:
+                    if isinstance(item, Done):
+                        return item.result
+    except TimeoutError:
+        raise deadline_exceeded() from None
     raise RuntimeError("generation ended without a result")  # generate() always ends with Done
 
 

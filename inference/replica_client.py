@@ -4,6 +4,8 @@ Invariants of `ReplicaClient.stream`:
 - chunks arrive in order; exactly one has `final=True` and it is the last;
 - closing the iterator early (aclose, or cancelling the task that awaits it) cancels the
   request on the replica, which frees its sequence;
+- `usage` is the replica's own count of what it computed for a request (billing, when the
+  stream ended without its final chunk, or its platform process died);
 - failures raise `ReplicaUnavailable` (never reached / connection lost / draining),
   `ReplicaDead` (its engine died: the replica serves nothing more), `ReplicaRejected` (the
   replica refused the input: a client error), `ReplicaRequestFailed` (this request failed
@@ -41,6 +43,18 @@ class ReplicaChunk:
     final: bool
 
 
+@dataclass(frozen=True)
+class ReplicaUsage:
+    """What a replica computed for one request id (its usage ledger)."""
+
+    state: str  # running | finished | unknown (never seen, or fallen out of the ledger)
+    input_tokens: int = 0  # prompt tokens prefilled, prefix-cache hits included
+    cached_tokens: int = 0
+    output_tokens: int = 0
+    finish_reason: str = ""
+    error: str = ""
+
+
 class ReplicaError(Exception):
     pass
 
@@ -74,5 +88,11 @@ class ReplicaRequestFailed(ReplicaError):
 
 class ReplicaClient(Protocol):
     def stream(self, address: str, request: ReplicaRequest) -> AsyncIterator[ReplicaChunk]: ...
+
+    async def usage(self, address: str, model_name: str, request_ids: list[str], *,
+                    abort: bool = False, wait_s: float = 0.0) -> dict[str, ReplicaUsage]:
+        """The replica's usage ledger for `request_ids`; with `abort`, abort them first; waits
+        up to `wait_s` for them to finish. Raises ReplicaError when the replica cannot say."""
+        ...
 
     async def close(self) -> None: ...

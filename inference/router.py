@@ -23,6 +23,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import time
+import uuid
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -50,28 +52,119 @@ class NoReplicaReady(Exception):
     pass
 
 
-class OutstandingTokens:
-    """Per-replica outstanding token counts in a Redis hash per model version."""
+# KEYS: counts (hash replica -> tokens), lease expiries (zset lease -> ms), lease holdings
+# (hash lease -> 'replica:tokens'). ARGV[1]: now_ms. Gives back the tokens of every expired
+# lease (its holder died or lost Redis and could not release it).
+_RECLAIM = """
+local function reclaim(now)
+  for _, lease in ipairs(redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now)) do
+    local held = redis.call('HGET', KEYS[3], lease)
+    if held then
+      local replica, tokens = string.match(held, '^([^:]*):(-?%d+)$')
+      redis.call('HINCRBY', KEYS[1], replica, -tonumber(tokens))
+      redis.call('HDEL', KEYS[3], lease)
+    end
+    redis.call('ZREM', KEYS[2], lease)
+  end
+end
+"""
+# ARGV[2..]: lease, replica, tokens (> 0 holds more; < 0 gives back, never more than held),
+# expiry_ms (0: the lease ends). Returns the tokens the lease holds now.
+_ADJUST = _RECLAIM + """
+reclaim(tonumber(ARGV[1]))
+local lease, replica, tokens, expiry = ARGV[2], ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5])
+local held = redis.call('HGET', KEYS[3], lease)
+local now_held = 0
+if held then now_held = tonumber(string.match(held, ':(-?%d+)$')) end
+if tokens < 0 then
+  if not held then return 0 end  -- ended or reclaimed: nothing left to give back
+  if -tokens > now_held then tokens = -now_held end
+end
+redis.call('HINCRBY', KEYS[1], replica, tokens)
+now_held = now_held + tokens
+if expiry == 0 or now_held <= 0 then
+  redis.call('HDEL', KEYS[3], lease)
+  redis.call('ZREM', KEYS[2], lease)
+else
+  redis.call('HSET', KEYS[3], lease, replica .. ':' .. now_held)
+  redis.call('ZADD', KEYS[2], expiry, lease)
+end
+return now_held
+"""
+# ARGV[2..]: replica ids. Reclaims, then returns their counts.
+_READ = _RECLAIM + """
+reclaim(tonumber(ARGV[1]))
+local ids = {}
+for i = 2, #ARGV do ids[#ids + 1] = ARGV[i] end
+return redis.call('HMGET', KEYS[1], unpack(ids))
+"""
 
-    def __init__(self, redis, key_prefix: str):
+
+class OutstandingTokens:
+    """Per-replica outstanding token counts in a Redis hash per model version, held as leases.
+
+    A request's tokens are a lease (`hold`) that its holder refreshes (`refresh`) while the
+    request runs and gives back (`give_back`); a lease not refreshed for `ttl_s` is reclaimed
+    by the next `read` or adjustment on its model version, so a dead process's tokens never
+    load a replica for good. Invariant: a replica's count is the sum of its live leases (plus
+    raw `add`s, which tests use to fake load)."""
+
+    def __init__(self, redis, key_prefix: str, clock: Callable[[], float] = time.time,
+                 ttl_s: float = 30.0):
         self._redis = redis
         self._prefix = key_prefix
+        self._clock = clock
+        self._ttl_ms = int(ttl_s * 1000)
+        self._adjust = redis.register_script(_ADJUST)
+        self._read = redis.register_script(_READ)
 
     def key(self, model_version_id: int) -> str:
         return redis_keys.outstanding_tokens(self._prefix, model_version_id)
 
+    def keys(self, model_version_id: int) -> list[str]:
+        base = self.key(model_version_id)
+        return [base, f"{base}:leases", f"{base}:held"]
+
+    def _now_ms(self) -> int:
+        return int(self._clock() * 1000)
+
     async def read(self, model_version_id: int, replica_ids: list[int]) -> dict[int, int]:
-        values = await self._redis.hmget(self.key(model_version_id), [str(i) for i in replica_ids])
+        if not replica_ids:
+            return {}
+        values = await self._read(keys=self.keys(model_version_id),
+                                  args=[self._now_ms(), *[str(i) for i in replica_ids]])
         return {rid: int(v or 0) for rid, v in zip(replica_ids, values)}
 
     async def add(self, model_version_id: int, replica_id: int, num_tokens: int) -> None:
+        """A raw adjustment outside any lease (never reclaimed)."""
         if num_tokens:
             await self._redis.hincrby(self.key(model_version_id), str(replica_id), num_tokens)
+
+    async def hold(self, model_version_id: int, lease_id: str, replica_id: int,
+                   num_tokens: int) -> None:
+        now = self._now_ms()
+        await self._adjust(keys=self.keys(model_version_id), args=[
+            now, lease_id, str(replica_id), num_tokens, now + self._ttl_ms])
+
+    async def give_back(self, model_version_id: int, lease_id: str, replica_id: int,
+                        num_tokens: int, *, end: bool = False) -> None:
+        """Give back `num_tokens` of the lease (never more than it holds); `end`: the lease
+        ends (give back all it holds)."""
+        now = self._now_ms()
+        await self._adjust(keys=self.keys(model_version_id), args=[
+            now, lease_id, str(replica_id), -abs(num_tokens), 0 if end else now + self._ttl_ms])
+
+    async def refresh(self, model_version_id: int, lease_id: str) -> bool:
+        """Extend the lease; False when it is gone (ended or reclaimed)."""
+        return bool(await self._redis.zadd(self.keys(model_version_id)[1],
+                                           {lease_id: self._now_ms() + self._ttl_ms},
+                                           xx=True, ch=True))
 
 
 @dataclass
 class Lease:
-    """Tokens a request holds on a replica; release in two steps (prompt, then the rest)."""
+    """Tokens a request holds on a replica; release in two steps (prompt, then the rest).
+    The tokens are an expiring lease in Redis (`OutstandingTokens`): `refresh` keeps it."""
 
     replica: ReplicaInfo
     model_version_id: int
@@ -81,19 +174,32 @@ class Lease:
     prompt_released: bool = field(default=False)
     policy: str = ""
     block_hashes: tuple[int, ...] = ()
-    is_half_open_trial: bool = False  # the half-open circuit's single probe
+    is_half_open_trial: bool = False  # the half-open circuit's single trial request
+    lease_id: str = field(default_factory=lambda: uuid.uuid4().hex)
 
     async def release_prompt(self) -> None:
         """The prompt is prefilled (first token seen): it no longer loads the replica."""
         if not self.prompt_released and self.held_tokens:
             self.prompt_released = True
             self.held_tokens -= self.num_prompt_tokens
-            await self.counter.add(self.model_version_id, self.replica.replica_id,
-                                   -self.num_prompt_tokens)
+            await self.counter.give_back(self.model_version_id, self.lease_id,
+                                         self.replica.replica_id, self.num_prompt_tokens)
 
     async def release(self) -> None:
         held, self.held_tokens = self.held_tokens, 0
-        await self.counter.add(self.model_version_id, self.replica.replica_id, -held)
+        if held:
+            await self.counter.give_back(self.model_version_id, self.lease_id,
+                                         self.replica.replica_id, held, end=True)
+
+    async def refresh(self) -> bool:
+        return await self.counter.refresh(self.model_version_id, self.lease_id)
+
+
+async def _release_quietly(lease: Lease) -> None:
+    try:
+        await lease.release()
+    except Exception:  # noqa: BLE001 - the lease expires instead
+        logger.warning("lease %s not released; it expires", lease.lease_id)
 
 
 class ReplicaDirectory:
@@ -210,10 +316,7 @@ class Router:
                      chosen: Candidate, is_half_open_trial: bool = False) -> Lease:
         replica_id = chosen.replica.replica_id
         prompt = request.num_prompt_tokens - chosen.hit_tokens(request)
-        await self._counter.add(model_version_id, replica_id, prompt + request.max_tokens)
-        await self.state.prefix_index.record(model_version_id, request.block_hashes, replica_id)
-        await self.state.stats.add(model_version_id, replica_id, policy_name, routed=1)
-        return Lease(
+        lease = Lease(
             replica=chosen.replica,
             model_version_id=model_version_id,
             counter=self._counter,
@@ -223,6 +326,15 @@ class Router:
             block_hashes=request.block_hashes,
             is_half_open_trial=is_half_open_trial,
         )
+        await self._counter.hold(model_version_id, lease.lease_id, replica_id, lease.held_tokens)
+        try:
+            await self.state.prefix_index.record(model_version_id, request.block_hashes,
+                                                 replica_id)
+            await self.state.stats.add(model_version_id, replica_id, policy_name, routed=1)
+        except BaseException:  # the caller never sees this lease: give its tokens back here
+            await asyncio.shield(_release_quietly(lease))
+            raise
+        return lease
 
     # ---- outcomes (inference/generation.py reports them) ---------------------------------------
 

@@ -1,6 +1,7 @@
 """Request validation (DRF serializers) into one normalized `GenerationRequest`.
 
-Types are strict: a string where a number belongs is a 400, not a silent coercion.
+Types are strict: a string where a number belongs is a 400, not a silent coercion. A parameter
+no serializer declares is a 400 too (inference.unsupported_params), never silently ignored.
 """
 from __future__ import annotations
 
@@ -9,10 +10,12 @@ from dataclasses import dataclass
 from rest_framework import serializers
 
 from inference.errors import InvalidRequest
+from inference.unsupported_params import refuse_unsupported
 from replica.engine.sampling_params import GREEDY_TEMPERATURE
 
 MAX_STOP_SEQUENCES = 4
 ROLES = ("system", "developer", "user", "assistant", "tool")
+SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1  # OpenAI's: a signed 64-bit integer
 
 
 @dataclass(frozen=True)
@@ -110,7 +113,8 @@ class _SamplingSerializer(serializers.Serializer):
     max_tokens = StrictIntegerField(required=False, allow_null=True, min_value=1)
     temperature = StrictFloatField(required=False, allow_null=True, min_value=0.0, max_value=2.0)
     top_p = StrictFloatField(required=False, allow_null=True, min_value=0.0, max_value=1.0)
-    seed = StrictIntegerField(required=False, allow_null=True)
+    seed = StrictIntegerField(required=False, allow_null=True, min_value=SEED_MIN,
+                              max_value=SEED_MAX)
     stop = StopField(required=False, allow_null=True)
     stream = StrictBooleanField(required=False, allow_null=True, default=False)
     stream_options = StreamOptionsSerializer(required=False, allow_null=True)
@@ -191,6 +195,7 @@ def parse_request(endpoint: str, body: object) -> GenerationRequest:
         raise InvalidRequest("The request body must be a JSON object.")
     serializer = SERIALIZERS[endpoint](data=body)
     try:
+        refuse_unsupported(endpoint, body, serializer.fields)
         if not serializer.is_valid():
             param, message = _first_error(serializer.errors)
             raise InvalidRequest(f"{param}: {message}" if param else message,

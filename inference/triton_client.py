@@ -3,6 +3,10 @@
 Tensor interface (mirrors Triton's vLLM backend): inputs text_input, stream, sampling_parameters
 (JSON), exclude_input_in_output, input_ids, priority, cache_salt, tenant; outputs per response
 text_output, finish_reason, num_input_tokens, num_output_tokens, num_cached_tokens, final.
+A usage query (`usage`) sends the one input `control` and reads `control_output`.
+
+Every call carries the replica access token (replica/access.py): a replica started by a node
+agent refuses calls without it.
 """
 from __future__ import annotations
 
@@ -24,22 +28,44 @@ from inference.replica_client import (
     ReplicaRequestFailed,
     ReplicaStreamError,
     ReplicaUnavailable,
+    ReplicaUsage,
 )
+from replica.access import grpc_headers
 from replica.backend import error_messages
 
 INVALID_PREFIX = error_messages.INVALID_REQUEST
+RESTRICTED = "This protocol is restricted"  # Triton's refusal of a call without the token
 _UNAVAILABLE_CODES = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
 
 
+def _tensor(name: str, array: np.ndarray, datatype: str) -> InferInput:
+    value = InferInput(name, list(array.shape), datatype)
+    value.set_data_from_numpy(array)
+    return value
+
+
+def _text(value: str) -> np.ndarray:
+    return np.array([value.encode("utf-8")], dtype=np.object_)
+
+
+def build_control_inputs(request_ids: list[str], abort: bool, wait_s: float) -> list[InferInput]:
+    """A usage query (replica/backend/control_request.py)."""
+    control = json.dumps({"usage": list(request_ids), "abort": abort, "wait_s": wait_s})
+    return [_tensor("control", _text(control), "BYTES")]
+
+
+def parse_usage(result, request_ids: list[str]) -> dict[str, ReplicaUsage]:
+    raw = _scalar(result, "control_output", None)
+    if raw is None:
+        raise ReplicaStreamError("the replica answered a usage query without control_output")
+    try:
+        entries = json.loads(raw)["usage"]
+        return {rid: ReplicaUsage(**entries[rid]) for rid in request_ids}
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ReplicaStreamError(f"unreadable usage answer: {exc}") from exc
+
+
 def build_inputs(request: ReplicaRequest) -> list[InferInput]:
-    def tensor(name: str, array: np.ndarray, datatype: str) -> InferInput:
-        value = InferInput(name, list(array.shape), datatype)
-        value.set_data_from_numpy(array)
-        return value
-
-    def text(value: str) -> np.ndarray:
-        return np.array([value.encode("utf-8")], dtype=np.object_)
-
     sampling = {
         "max_tokens": request.max_tokens,
         "temperature": request.temperature,
@@ -49,17 +75,17 @@ def build_inputs(request: ReplicaRequest) -> list[InferInput]:
     if request.seed is not None:
         sampling["seed"] = request.seed
     inputs = [
-        tensor("text_input", text(request.prompt_text), "BYTES"),
-        tensor("stream", np.array([True], dtype=bool), "BOOL"),
-        tensor("sampling_parameters", text(json.dumps(sampling)), "BYTES"),
-        tensor("exclude_input_in_output", np.array([True], dtype=bool), "BOOL"),
-        tensor("priority", np.array([request.priority], dtype=np.int32), "INT32"),
-        tensor("cache_salt", text(request.cache_salt or request.tenant), "BYTES"),
-        tensor("tenant", text(request.tenant), "BYTES"),
+        _tensor("text_input", _text(request.prompt_text), "BYTES"),
+        _tensor("stream", np.array([True], dtype=bool), "BOOL"),
+        _tensor("sampling_parameters", _text(json.dumps(sampling)), "BYTES"),
+        _tensor("exclude_input_in_output", np.array([True], dtype=bool), "BOOL"),
+        _tensor("priority", np.array([request.priority], dtype=np.int32), "INT32"),
+        _tensor("cache_salt", _text(request.cache_salt or request.tenant), "BYTES"),
+        _tensor("tenant", _text(request.tenant), "BYTES"),
     ]
     if request.prompt_token_ids is not None:
         ids = np.array(request.prompt_token_ids, dtype=np.int64)
-        inputs.append(tensor("input_ids", ids, "INT64"))
+        inputs.append(_tensor("input_ids", ids, "INT64"))
     return inputs
 
 
@@ -85,6 +111,10 @@ def parse_chunk(result) -> ReplicaChunk:
 
 
 def classify(error: Exception) -> Exception:
+    text = error.details() if isinstance(error, grpc.aio.AioRpcError) else str(error)
+    if RESTRICTED in (text or ""):
+        return ReplicaUnavailable("the replica refused the platform's access token "
+                                  "(was it started with another REPLICA_SECRET?)")
     if isinstance(error, grpc.aio.AioRpcError):
         if error.code() in _UNAVAILABLE_CODES:
             return ReplicaUnavailable(error.details() or str(error.code()))
@@ -113,9 +143,10 @@ class TritonReplicaClient:
     """One gRPC channel per replica address (channels are bound to the event loop that made
     them, so one instance per loop: see inference.container)."""
 
-    def __init__(self, first_token_timeout: float, token_timeout: float):
+    def __init__(self, first_token_timeout: float, token_timeout: float, access_token: str = ""):
         self._first_token_timeout = first_token_timeout
         self._token_timeout = token_timeout
+        self._headers = grpc_headers(access_token)
         self._clients: dict[str, triton_aio.InferenceServerClient] = {}
 
     def _client(self, address: str) -> triton_aio.InferenceServerClient:
@@ -132,7 +163,7 @@ class TritonReplicaClient:
             yield {"model_name": request.model_name, "inputs": inputs,
                    "request_id": request.request_id}
 
-        call = self._client(address).stream_infer(requests())
+        call = self._client(address).stream_infer(requests(), headers=self._headers)
         finished = False
         timeout = self._first_token_timeout
         try:
@@ -154,6 +185,28 @@ class TritonReplicaClient:
         finally:
             if not finished:
                 call.cancel()  # the replica sees is_cancelled() and frees the sequence
+
+    async def usage(self, address: str, model_name: str, request_ids: list[str], *,
+                    abort: bool = False, wait_s: float = 0.0) -> dict[str, ReplicaUsage]:
+        inputs = build_control_inputs(request_ids, abort, wait_s)
+
+        async def requests():
+            yield {"model_name": model_name, "inputs": inputs}
+
+        call = self._client(address).stream_infer(requests(), headers=self._headers)
+        try:
+            result, error = await asyncio.wait_for(call.__anext__(), wait_s + self._token_timeout)
+        except StopAsyncIteration:
+            raise ReplicaStreamError("the replica closed the stream without an answer") from None
+        except asyncio.TimeoutError:
+            raise ReplicaUnavailable("no answer to a usage query") from None
+        except (grpc.aio.AioRpcError, InferenceServerException) as exc:
+            raise classify(exc) from exc
+        finally:
+            call.cancel()
+        if error is not None:
+            raise classify(error)
+        return parse_usage(result, request_ids)
 
     async def close(self) -> None:
         clients, self._clients = self._clients, {}

@@ -6,7 +6,9 @@ connection pool, so each API request (django-ratelimit counts in the cache) open
 Redis connection (plus its handshake), which stayed open until the garbage collector found the
 pool: ~300 connections and 10 new ones a second under a 10 requests/s burst here. Django's
 RedisCache takes its pool class from OPTIONS["pool_class"]; this one hands every backend
-instance the process's pool for the same URL and options.
+instance the process's pool for the same URL and options. The pool is a blocking one
+(REDIS_POOL_MAX_SIZE connections, a wait of up to REDIS_POOL_TIMEOUT_SECONDS for a free one);
+the socket timeouts come from CACHES' OPTIONS.
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import os
 import threading
 
 import redis
+from django.conf import settings
 
 _pools: dict[str, redis.ConnectionPool] = {}
 _lock = threading.Lock()
@@ -26,5 +29,7 @@ class SharedConnectionPool(redis.ConnectionPool):
         with _lock:
             pool = _pools.get(key)
             if pool is None:
-                pool = _pools[key] = redis.ConnectionPool.from_url(url, **kwargs)
+                kwargs.setdefault("max_connections", settings.REDIS_POOL_MAX_SIZE)
+                kwargs.setdefault("timeout", settings.REDIS_POOL_TIMEOUT_SECONDS)
+                pool = _pools[key] = redis.BlockingConnectionPool.from_url(url, **kwargs)
             return pool

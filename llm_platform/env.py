@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlparse
 
 
@@ -31,6 +32,30 @@ def env_list(name: str, default: list[str]) -> list[str]:
     if raw is None:
         return default
     return [item.strip() for item in raw.split(",") if item.strip()]
+
+
+def env_file(name: str, default: Path) -> str:
+    """The stripped contents of the file named by env var `name` (else `default`); '' when the
+    file does not exist. A file named explicitly must exist."""
+    raw = os.environ.get(name, "")
+    path = Path(raw) if raw else default
+    try:
+        return path.read_text(encoding="utf-8").strip()
+    except FileNotFoundError:
+        if raw:
+            raise
+        return ""
+
+
+def env_pair(name: str) -> tuple[str, str] | None:
+    """`"A,B"` -> ("A", "B"); unset or empty -> None. Anything else is refused at startup."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return None
+    first, sep, second = (part.strip() for part in raw.partition(","))
+    if not sep or not first or not second or "," in second:
+        raise ValueError(f"{name} must be two comma-separated values, e.g. HTTP_X_FORWARDED_PROTO,https")
+    return first, second
 
 
 def parse_database_url(url: str) -> dict:

@@ -5,20 +5,59 @@ from pathlib import Path
 
 from llm_platform.env import (
     env_bool,
+    env_file,
     env_float,
     env_int,
     env_list,
+    env_pair,
     env_str,
     parse_database_url,
 )
+from replica.access import access_token
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
-SECRET_KEY = env_str("SECRET_KEY", "dev-insecure-change-me")
+# With DEBUG off, startup refuses a missing, default or short SECRET_KEY (llm_platform/checks.py).
+# SECRET_KEY, else the file SECRET_KEY_FILE (default var/secret_key: `make serve` writes one per
+# install, so manage.py in the same checkout finds it; a mounted secret elsewhere).
+SECRET_KEY = env_str("SECRET_KEY", "") or env_file(
+    "SECRET_KEY_FILE", BASE_DIR / "var" / "secret_key")
 DEBUG = env_bool("DEBUG", False)
+if DEBUG and not SECRET_KEY:
+    SECRET_KEY = "dev-insecure-change-me"
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]", "testserver"])
 
+# --- Production hardening (docs/security.md) ----------------------------------------------------
+# Behind a TLS-terminating proxy: SECURE_PROXY_SSL_HEADER="HTTP_X_FORWARDED_PROTO,https".
+SECURE_PROXY_SSL_HEADER = env_pair("SECURE_PROXY_SSL_HEADER")
+SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", False)
+SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", False)
+SECURE_HSTS_PRELOAD = env_bool("SECURE_HSTS_PRELOAD", False)
+SECURE_CONTENT_TYPE_NOSNIFF = True
+CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator",
+     "OPTIONS": {"min_length": env_int("PASSWORD_MIN_LENGTH", 10)}},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
+# GET /metrics answers loopback clients (unless METRICS_ALLOW_LOOPBACK is false: behind a proxy
+# on the same host every client looks local) and `Authorization: Bearer <METRICS_TOKEN>`.
+METRICS_TOKEN = env_str("METRICS_TOKEN", "")
+METRICS_ALLOW_LOOPBACK = env_bool("METRICS_ALLOW_LOOPBACK", True)
+
+# --- Replica access (replica/access.py) ----------------------------------------------------------
+# Only the platform may call a replica: every call carries a token derived from REPLICA_SECRET
+# (default: derived from SECRET_KEY, which every platform process and node agent shares).
+# Node agents start their replicas with it; a replica started by hand takes the token in its
+# REPLICA_ACCESS_TOKEN environment variable (`manage.py replicatoken` prints it).
+REPLICA_SECRET = env_str("REPLICA_SECRET", "") or f"from SECRET_KEY:{SECRET_KEY}"
+REPLICA_ACCESS_TOKEN = access_token(REPLICA_SECRET)
+
 INSTALLED_APPS = [
+    "llm_platform.apps.PlatformConfig",  # startup checks (llm_platform/checks.py)
     "daphne",
     "django.contrib.admin",
     "django.contrib.auth",
@@ -83,14 +122,26 @@ DATABASES = {
             "pool": {
                 "min_size": env_int("DB_POOL_MIN_SIZE", 1),
                 "max_size": env_int("DB_POOL_MAX_SIZE", 8),
-                "timeout": env_int("DB_POOL_TIMEOUT_SECONDS", 10),
-            }
+                "timeout": env_float("DB_POOL_TIMEOUT_SECONDS", 5.0),
+            },
+            # PostgreSQL unreachable: a new connection fails within this (libpq, whole seconds),
+            # and the API answers 503 + Retry-After (inference/views/errors.py).
+            "connect_timeout": env_int("DB_CONNECT_TIMEOUT_SECONDS", 2),
         },
     }
 }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 REDIS_URL = env_str("REDIS_URL", "redis://127.0.0.1:6379/0")
+# Every Redis client (llm_platform/redis_clients.py): a hung or unreachable Redis fails a command
+# within these bounds (the API answers 503 + Retry-After); a pool that is busy makes a command
+# wait up to REDIS_POOL_TIMEOUT_SECONDS for a connection instead of failing at once.
+REDIS_CONNECT_TIMEOUT_SECONDS = env_float("REDIS_CONNECT_TIMEOUT_SECONDS", 1.0)
+REDIS_SOCKET_TIMEOUT_SECONDS = env_float("REDIS_SOCKET_TIMEOUT_SECONDS", 2.0)
+REDIS_POOL_MAX_SIZE = env_int("REDIS_POOL_MAX_SIZE", 64)
+REDIS_POOL_TIMEOUT_SECONDS = env_float("REDIS_POOL_TIMEOUT_SECONDS", 2.0)
+# Retry-After (seconds) with the 503 when Redis or PostgreSQL fails a request.
+DEPENDENCY_RETRY_AFTER_SECONDS = env_int("DEPENDENCY_RETRY_AFTER_SECONDS", 1)
 # Every platform key in Redis starts with this, so several deployments (or test runs) can
 # share one Redis without seeing each other's counters.
 REDIS_KEY_PREFIX = env_str("REDIS_KEY_PREFIX", "llmp:")
@@ -98,7 +149,11 @@ REDIS_KEY_PREFIX = env_str("REDIS_KEY_PREFIX", "llmp:")
 CHANNEL_LAYERS = {
     "default": {
         "BACKEND": "channels_redis.core.RedisChannelLayer",
-        "CONFIG": {"hosts": [REDIS_URL], "prefix": REDIS_KEY_PREFIX + "asgi"},
+        # channels_redis blocks up to 5 s per receive (BRPOP): its read timeout is above that.
+        "CONFIG": {"hosts": [{"address": REDIS_URL,
+                               "socket_timeout": max(10.0, REDIS_SOCKET_TIMEOUT_SECONDS),
+                               "socket_connect_timeout": REDIS_CONNECT_TIMEOUT_SECONDS}],
+                   "prefix": REDIS_KEY_PREFIX + "asgi"},
     }
 }
 
@@ -155,9 +210,14 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = API_MAX_BODY_BYTES
 # An API key looked up in the database is trusted from the cache for this long; revocation
 # through the service also deletes the cache entry at once.
 API_KEY_CACHE_SECONDS = env_float("API_KEY_CACHE_SECONDS", 5.0)
+# A presented key that matched nothing is refused from Redis (no database query) for this long.
+# New keys are random, so none is refused in advance; a reactivated tenant's keys work again
+# within this time.
+API_KEY_NEGATIVE_CACHE_SECONDS = env_float("API_KEY_NEGATIVE_CACHE_SECONDS", 60.0)
 IDEMPOTENCY_TTL_SECONDS = env_int("IDEMPOTENCY_TTL_SECONDS", 24 * 3600)
-# How long a request holds its Idempotency-Key "in flight" if its process dies mid-request.
-IDEMPOTENCY_PENDING_TTL_SECONDS = env_int("IDEMPOTENCY_PENDING_TTL_SECONDS", 15 * 60)
+# How long a request holds its Idempotency-Key "in flight" if its process dies mid-request
+# (the running request refreshes it every REQUEST_KEEPALIVE_SECONDS).
+IDEMPOTENCY_PENDING_TTL_SECONDS = env_int("IDEMPOTENCY_PENDING_TTL_SECONDS", 60)
 # Retry-After (seconds) sent with 503 when no replica of the model is ready.
 NO_REPLICA_RETRY_AFTER_SECONDS = env_int("NO_REPLICA_RETRY_AFTER_SECONDS", 5)
 # How many replicas a request tries when one fails before its first token.
@@ -188,8 +248,8 @@ TRITON_TOKEN_TIMEOUT_SECONDS = env_float("TRITON_TOKEN_TIMEOUT_SECONDS", 60.0)
 # A tenant's limits (tier defaults, tenant overrides) are cached in Redis this long: an edit in
 # the admin takes effect on every process within this time.
 QUOTA_LIMITS_CACHE_SECONDS = env_float("QUOTA_LIMITS_CACHE_SECONDS", 2.0)
-# django-ratelimit on the API: requests per API key (a coarse abuse guard in front of the
-# per-tenant token buckets, which carry the real limits).
+# django-ratelimit on the API: requests per API key id, HTTP and WebSocket alike (a coarse
+# abuse guard in front of the per-tenant token buckets, which carry the real limits).
 API_KEY_RATELIMIT = env_str("API_KEY_RATELIMIT", "6000/m")
 # The admission queue (per model, its versions share it; in Redis): slots per ready replica (how many
 # requests run at once on one replica before others wait), the most requests waiting, the
@@ -203,6 +263,26 @@ ADMISSION_POLICY = env_str("ADMISSION_POLICY", "fair_share")
 # Whether the engine shares capacity fairly between tenants (the platform sends the tenant as
 # the engine's fair-share unit); off only to measure the baseline (benchmarks/fairness.py).
 ENGINE_FAIR_SHARE = env_bool("ENGINE_FAIR_SHARE", True)
+# An admission slot is a lease: it expires this long after its holder last refreshed it (the
+# holder refreshes it, its outstanding-token lease and its pending Idempotency-Key every
+# REQUEST_KEEPALIVE_SECONDS while the request runs); a dead process's slots come back by then.
+ADMISSION_SLOT_TTL_SECONDS = env_float("ADMISSION_SLOT_TTL_SECONDS", 30.0)
+REQUEST_KEEPALIVE_SECONDS = env_float("REQUEST_KEEPALIVE_SECONDS", 5.0)
+# Every request gets its final answer within this bound (the whole reply, or the end of its
+# stream): past it, 504 deadline_exceeded (or the stream's error event) and everything it
+# holds is released.
+REQUEST_DEADLINE_SECONDS = env_float("REQUEST_DEADLINE_SECONDS", 600.0)
+# Everything before generation (auth, limits, catalogue, tokenizer, idempotency, quota) must
+# finish within this, else 503 dependency_timeout: a hung PostgreSQL has no read timeout.
+REQUEST_PREPARE_TIMEOUT_SECONDS = env_float("REQUEST_PREPARE_TIMEOUT_SECONDS", 15.0)
+# Each PostgreSQL query of an API request or WebSocket message: past this its connection is cut
+# (503 database_unavailable; PostgreSQL has no read timeout of its own: llm_platform/db_watchdog.py).
+DB_QUERY_TIMEOUT_SECONDS = env_float("DB_QUERY_TIMEOUT_SECONDS", 5.0)
+# Each release step of a finishing request (slot, lease, idempotency, quota) waits at most
+# this long for Redis; what it could not release expires by itself (leases, pending keys).
+CLEANUP_STEP_TIMEOUT_SECONDS = env_float("CLEANUP_STEP_TIMEOUT_SECONDS", 3.0)
+# A WebSocket that has not sent an authenticated request within this long is closed.
+WEBSOCKET_AUTH_TIMEOUT_SECONDS = env_float("WEBSOCKET_AUTH_TIMEOUT_SECONDS", 10.0)
 # Retry-After (seconds) with the 503 for a full queue.
 ADMISSION_FULL_RETRY_AFTER_SECONDS = env_int("ADMISSION_FULL_RETRY_AFTER_SECONDS", 2)
 # Console (admin) login attempts per client address.
@@ -214,7 +294,9 @@ CACHES = {
         "LOCATION": REDIS_URL,
         "KEY_PREFIX": REDIS_KEY_PREFIX + "cache",
         # One pool per process, not one per request context (llm_platform/cache.py).
-        "OPTIONS": {"pool_class": "llm_platform.cache.SharedConnectionPool"},
+        "OPTIONS": {"pool_class": "llm_platform.cache.SharedConnectionPool",
+                    "socket_timeout": REDIS_SOCKET_TIMEOUT_SECONDS,
+                    "socket_connect_timeout": REDIS_CONNECT_TIMEOUT_SECONDS},
     }
 }
 
@@ -230,7 +312,21 @@ BILLING_CONSUMER_BATCH = env_int("BILLING_CONSUMER_BATCH", 500)
 BILLING_CLAIM_IDLE_MS = env_int("BILLING_CLAIM_IDLE_MS", 30_000)
 # Roll-ups recompute every hour that received a usage row within this window.
 BILLING_ROLLUP_WINDOW_SECONDS = env_int("BILLING_ROLLUP_WINDOW_SECONDS", 2 * 3600)
+# A request's usage lease (billing/leases.py) expires this long after its process stopped
+# refreshing it; then the reaper may finalise its pending usage row.
+BILLING_LEASE_TTL_SECONDS = env_float("BILLING_LEASE_TTL_SECONDS", 30.0)
+# When a stream ended without the replica's final chunk (cancel, failure), the request path asks
+# the replica what it computed, waiting at most this long for the replica to end the request.
+BILLING_REPLICA_USAGE_WAIT_SECONDS = env_float("BILLING_REPLICA_USAGE_WAIT_SECONDS", 5.0)
+# The reaper: pending rows at least this old, with their lease gone, are finalised from the
+# replicas' usage ledgers; after BILLING_REAPER_GIVE_UP_SECONDS from what the replicas answered.
+BILLING_REAPER_MIN_AGE_SECONDS = env_float("BILLING_REAPER_MIN_AGE_SECONDS", 10.0)
+BILLING_REAPER_GIVE_UP_SECONDS = env_float("BILLING_REAPER_GIVE_UP_SECONDS", 3600.0)
 CELERY_BEAT_SCHEDULE.update({
+    "billing-reaper": {
+        "task": "inference.tasks.reap_usage_task",
+        "schedule": env_float("BILLING_REAPER_INTERVAL_SECONDS", 30.0),
+    },
     "billing-rollup": {
         "task": "billing.tasks.rollup_usage_task",
         "schedule": env_float("BILLING_ROLLUP_INTERVAL_SECONDS", 300.0),
@@ -261,7 +357,7 @@ SESSION_COOKIE_AGE = env_int("SESSION_COOKIE_AGE", 8 * 3600)
 SESSION_COOKIE_HTTPONLY = True
 SESSION_COOKIE_SAMESITE = "Lax"
 SESSION_COOKIE_SECURE = env_bool("SESSION_COOKIE_SECURE", False)  # true behind HTTPS
-CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
+CSRF_COOKIE_SECURE = env_bool("CSRF_COOKIE_SECURE", SESSION_COOKIE_SECURE)
 # daphne serves /static/ itself (admin and dashboard CSS/JS; no CDN, nothing from outside).
 SERVE_STATIC = env_bool("SERVE_STATIC", True)
 # How often the live fleet page receives replica loads (seconds).

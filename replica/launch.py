@@ -7,6 +7,11 @@ the reason on stderr. If the model's engine loop dies (the model writes its engi
 prints `replica failed: the engine died: <reason>`, stops the server at once (Triton's model
 readiness turns false as the server stops) and exits 3, so the node agent records the replica
 failed and the fleet replaces it.
+
+Access: the server listens on --bind-address (loopback by default). The access token comes from
+the environment variable REPLICA_ACCESS_TOKEN (never a flag: this command line is visible in
+`ps`); with it, every call but a health check needs the token (replica/access.py). Without it
+the launcher refuses a non-loopback bind address.
 """
 from __future__ import annotations
 
@@ -18,6 +23,7 @@ import threading
 import time
 from pathlib import Path
 
+from replica.access import LOOPBACK, TOKEN_ENV
 from replica.backend.model_parameters import ModelParameters
 from replica.engine.config import normalize_quantization
 from replica.replica_process import LaunchError, ReplicaProcess, ReplicaSpec
@@ -51,6 +57,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--grpc-port", type=int, required=True)
     parser.add_argument("--http-port", type=int, required=True)
     parser.add_argument("--metrics-port", type=int, required=True)
+    parser.add_argument("--bind-address", default=LOOPBACK,
+                        help=f"gRPC and metrics listen here only (default {LOOPBACK}); anything "
+                             f"but loopback needs {TOKEN_ENV} in the environment")
     parser.add_argument("--workdir", type=Path, default=None, help="default: a temporary directory")
     parser.add_argument("--drain-grace-s", type=float, default=defaults.drain_grace_s)
     parser.add_argument("--ready-timeout-s", type=float, default=600.0)
@@ -60,7 +69,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def spec_from_args(args: argparse.Namespace) -> ReplicaSpec:
+def spec_from_args(args: argparse.Namespace, env: dict[str, str] | None = None) -> ReplicaSpec:
+    env = os.environ if env is None else env
     return ReplicaSpec(
         model_name=args.model,
         grpc_port=args.grpc_port,
@@ -78,6 +88,8 @@ def spec_from_args(args: argparse.Namespace) -> ReplicaSpec:
         ),
         workdir=args.workdir,
         drain_grace_s=args.drain_grace_s,
+        bind_address=args.bind_address,
+        access_token=env.get(TOKEN_ENV, "").strip(),
     )
 
 
@@ -99,7 +111,8 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"replica ready: model={args.model} grpc={args.grpc_port} http={args.http_port} "
         f"metrics={args.metrics_port} pid={replica.pid} weights={replica.weights_path} "
-        f"quantization={args.quantization} "
+        f"quantization={args.quantization} bind={args.bind_address} "
+        f"access={'token' if replica.spec.access_token else 'open'} "
         f"in {time.monotonic() - started:.1f}s (log: {replica.log_path})",
         flush=True,
     )

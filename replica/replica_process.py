@@ -6,6 +6,11 @@ server then serves nothing and should be stopped) -> `stop()`: drain (the model 
 within the grace period), SIGTERM the server, SIGKILL its process group if it outlives the
 timeout, and remove its /dev/shm regions. Used by `python -m replica.launch`, tests and the
 platform's fleet code.
+
+Access (replica/access.py): gRPC and metrics listen on `bind_address` only (loopback unless
+told otherwise), HTTP (readiness, tests) on loopback always; with an `access_token` every
+protocol group but health refuses calls without it. No token and a non-loopback bind address
+is refused at start.
 """
 from __future__ import annotations
 
@@ -24,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from replica.access import LOOPBACK, TOKEN_ENV, check_bind, http_headers, server_flags
 from replica.backend.drain_watcher import drained_marker
 from replica.backend.model_parameters import ModelParameters
 from replica.repository_writer import write_model_repository
@@ -45,7 +51,13 @@ class ReplicaSpec:
     parameters: ModelParameters = field(default_factory=ModelParameters)
     workdir: Path | None = None  # None: a temporary directory, removed after a clean stop
     drain_grace_s: float = 30.0
-    host: str = "127.0.0.1"  # where this process reaches the server (readiness)
+    bind_address: str = LOOPBACK  # gRPC and metrics listen here only; HTTP on loopback always
+    access_token: str = field(default="", repr=False)  # "": unrestricted (loopback binds only)
+
+    @property
+    def host(self) -> str:
+        """Where this host reaches the server's gRPC and metrics ports."""
+        return LOOPBACK if self.bind_address in ("0.0.0.0", "::", "[::]") else self.bind_address
 
 
 class ReplicaProcess:
@@ -93,7 +105,7 @@ class ReplicaProcess:
 
     @property
     def http_url(self) -> str:
-        return f"http://{self.spec.host}:{self.spec.http_port}"
+        return f"http://{LOOPBACK}:{self.spec.http_port}"
 
     @property
     def metrics_url(self) -> str:
@@ -114,6 +126,7 @@ class ReplicaProcess:
     def start(self) -> None:
         if self._process is not None:
             raise RuntimeError("already started")
+        check_bind(self.spec.bind_address, self.spec.access_token)
         self.weights_path = _resolve_weights(self.spec.parameters.weights)
         install = self._install or TritonInstall.from_wheel()
         if self.workdir is None:
@@ -143,6 +156,10 @@ class ReplicaProcess:
             f"--http-port={self.spec.http_port}",
             f"--grpc-port={self.spec.grpc_port}",
             f"--metrics-port={self.spec.metrics_port}",
+            f"--grpc-address={self.spec.bind_address}",
+            f"--metrics-address={self.spec.bind_address}",
+            f"--http-address={LOOPBACK}",
+            *server_flags(self.spec.access_token),
             "--disable-auto-complete-config",
             "--allow-gpu-metrics=false",
             f"--backend-config=python,shm-region-prefix-name={self.shm_prefix}",
@@ -150,6 +167,7 @@ class ReplicaProcess:
             "--log-verbose=0",
         ]
         env = install.environment(dict(os.environ), python_path=[str(_REPO_ROOT)])
+        env.pop(TOKEN_ENV, None)  # the server has it in its flags; the model has no use for it
         with open(self.log_path, "ab") as log:
             self._process = subprocess.Popen(
                 command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -169,7 +187,7 @@ class ReplicaProcess:
                     f"tritonserver exited with code {process.returncode} before the model was ready\n"
                     + self.log_tail()
                 )
-            if _http_ok(url):
+            if _http_ok(url, self.spec.access_token):
                 return self._clock() - started
             if interrupted is not None and interrupted.is_set():
                 raise LaunchError("interrupted while waiting for the model to load")
@@ -275,9 +293,10 @@ def _resolve_weights(weights: str) -> str:
     return os.path.abspath(weights)
 
 
-def _http_ok(url: str) -> bool:
+def _http_ok(url: str, token: str = "") -> bool:
     try:
-        with urllib.request.urlopen(url, timeout=1.0) as response:
+        request = urllib.request.Request(url, headers=http_headers(token))
+        with urllib.request.urlopen(request, timeout=1.0) as response:
             return response.status == 200
     except (urllib.error.URLError, OSError, ValueError):
         return False

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
+from django.conf import settings
+
 from inference.replica_client import ReplicaRequest
 from inference.tokenization import TokenizerCache
 from inference.triton_client import TritonReplicaClient
@@ -41,7 +43,8 @@ class ReplicaProbe:
 
     async def _run(self, rollout: Rollout, stable: ProbeTarget, canary: ProbeTarget) -> ProbeResult:
         client = TritonReplicaClient(first_token_timeout=self._timeout_s,
-                                     token_timeout=self._timeout_s)
+                                     token_timeout=self._timeout_s,
+                                     access_token=settings.REPLICA_ACCESS_TOKEN)
         try:
             return await run_probe(client, ReplicaRequest, stable, canary, prompts=self._prompts,
                                    max_tokens=rollout.probe_max_tokens, timeout_s=self._timeout_s)

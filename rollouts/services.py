@@ -17,6 +17,7 @@ from datetime import datetime
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from billing.selectors import MissingPrice, require_price
 from models_registry.models import ModelVersion
 from rollouts.models import Rollout, RolloutStep
 
@@ -54,7 +55,8 @@ def start_rollout(canary: ModelVersion, *, stable: ModelVersion | None = None,
                   steps: list | None = None, actor: str = "", now: datetime | None = None,
                   **thresholds) -> Rollout:
     """Start sending `steps[0]`% of the model's traffic to `canary`. `stable` defaults to the
-    version serving now (the newest active one). Raises RolloutError."""
+    version serving now (the newest active one). Raises RolloutError, also when the canary has
+    no price in effect (its traffic would be free)."""
     now = _now(now)
     unknown = set(thresholds) - set(THRESHOLD_FIELDS)
     if unknown:
@@ -75,6 +77,10 @@ def start_rollout(canary: ModelVersion, *, stable: ModelVersion | None = None,
             raise RolloutError("the canary must be another version than stable")
         if stable.state != ModelVersion.State.ACTIVE:
             raise RolloutError(f"the stable version {stable} is not active")
+        try:
+            require_price(canary, now)
+        except MissingPrice as exc:
+            raise RolloutError(str(exc)) from None
         try:
             with transaction.atomic():
                 rollout = Rollout.objects.create(

@@ -6,6 +6,12 @@ scaling policy of one replica), one node agent (node `local`: a Celery worker on
 daphne, the billing consumer, a Celery worker and Celery beat. Beat's autoscaler places the
 replica on the node; the agent starts it through replica.launch and marks it ready after a
 warm-up request. Logs: var/logs/ (the replica's: var/logs/agents/).
+
+Stop order (Ctrl-C): the API (daphne) first, so that its in-flight requests end and send their
+usage events while the replica and Redis are still up; then the node agent (it drains its
+replica), Celery beat and worker; the billing consumer last, after it drained the usage stream
+and this host's outbox; then the private PostgreSQL and Redis. The private Redis keeps its data
+(append-only file under var/redis), so usage events not yet consumed survive a restart.
 """
 from __future__ import annotations
 
@@ -28,15 +34,22 @@ from scripts.services import ensure_services  # noqa: E402
 
 VAR = REPO / "var"
 LOGS = VAR / "logs"
+# The API first (its last requests bill while everything else is up), the consumer last.
+STOP_ORDER = ("daphne", "node-agent", "celery-beat", "celery-worker", "billing-consumer")
+STOP_GRACE_SECONDS = {"daphne": 30, "node-agent": 60, "billing-consumer": 30}
 
 
 def secret_key() -> str:
+    """SECRET_KEY, else this install's own in var/secret_key (0600), created once; settings read
+    the same file, so `manage.py` commands in this checkout share the key."""
     if os.environ.get("SECRET_KEY"):
         return os.environ["SECRET_KEY"]
     path = VAR / "secret_key"
     if not path.exists():
-        path.write_text(secrets.token_urlsafe(48))
-        path.chmod(0o600)
+        VAR.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)  # never world-readable
+        with os.fdopen(fd, "w") as fh:
+            fh.write(secrets.token_urlsafe(48))
     return path.read_text().strip()
 
 
@@ -63,14 +76,17 @@ class Supervisor:
     def exited(self) -> list[tuple[str, int]]:
         return [(name, p.returncode) for name, p in self.procs if p.poll() is not None]
 
-    def stop_all(self) -> None:
-        for name, proc in reversed(self.procs):
-            if proc.poll() is None:
-                print(f"stopping {name} ...", flush=True)
-                os.killpg(proc.pid, signal.SIGTERM)
-        for name, proc in reversed(self.procs):
+    def stop_all(self, order: tuple[str, ...] = STOP_ORDER) -> None:
+        """Stop the processes one after another in `order` (then any others), each given its
+        grace to finish before the next is told to stop."""
+        rank = {name: i for i, name in enumerate(order)}
+        for name, proc in sorted(self.procs, key=lambda item: rank.get(item[0], len(order))):
+            if proc.poll() is not None:
+                continue
+            print(f"stopping {name} ...", flush=True)
+            os.killpg(proc.pid, signal.SIGTERM)
             try:
-                proc.wait(60 if name == "node-agent" else 20)  # the agent drains its replica
+                proc.wait(STOP_GRACE_SECONDS.get(name, 20))
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
@@ -159,7 +175,7 @@ def main() -> int:
         print(f"make serve failed: {exc}", file=sys.stderr, flush=True)
         return_code = 1
     finally:
-        supervisor.stop_all()  # the node agent drains and stops its replica
+        supervisor.stop_all()  # API first; the node agent drains its replica; consumer last
         services.stop()
         print("stopped.", flush=True)
     return return_code

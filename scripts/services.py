@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse
 
+from scripts.children import spawn
+
 DEFAULT_DATABASE_URL = "postgres://postgres@127.0.0.1:5432/llm_platform"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 
@@ -63,7 +65,7 @@ class Services:
     def stop(self) -> None:
         for name, proc in reversed(self.started):
             if proc.poll() is None:
-                proc.terminate()  # PostgreSQL: smart shutdown; Redis: exits (no save configured)
+                proc.terminate()  # PostgreSQL: smart shutdown; Redis: flushes its AOF, exits
                 try:
                     proc.wait(30)
                 except subprocess.TimeoutExpired:
@@ -100,10 +102,9 @@ def start_embedded_postgres(var_dir: Path) -> tuple[str, subprocess.Popen]:
                        stdout=subprocess.DEVNULL, **as_user)
     port = free_port()
     log = open(log_path, "ab")
-    proc = subprocess.Popen([str(bin_dir / "postgres"), "-D", str(pgdata), "-p", str(port),
-                             "-h", "127.0.0.1", "-k", str(pgdata)],
-                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                            **as_user)
+    proc = spawn([str(bin_dir / "postgres"), "-D", str(pgdata), "-p", str(port),
+                  "-h", "127.0.0.1", "-k", str(pgdata)],
+                 stdout=log, stderr=subprocess.STDOUT, **as_user)
     wait_port(port, proc, f"embedded PostgreSQL (log: {log_path})")
     return f"postgres://postgres@127.0.0.1:{port}/llm_platform", proc
 
@@ -115,10 +116,11 @@ def start_embedded_redis(var_dir: Path) -> tuple[str, subprocess.Popen]:
     data_dir = var_dir.resolve() / "redis"
     data_dir.mkdir(parents=True, exist_ok=True)
     port = free_port()
-    proc = subprocess.Popen([str(binary), "--port", str(port), "--bind", "127.0.0.1",
-                             "--dir", str(data_dir), "--save", "", "--appendonly", "no"],
-                            stdout=open(var_dir / "redis.log", "ab"), stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    proc = spawn([str(binary), "--port", str(port), "--bind", "127.0.0.1",
+                  "--dir", str(data_dir), "--save", "",
+                  # Durable across a restart: the usage stream must survive it.
+                  "--appendonly", "yes", "--appendfsync", "everysec"],
+                 stdout=open(var_dir / "redis.log", "ab"), stderr=subprocess.STDOUT)
     wait_port(port, proc, "embedded Redis")
     return f"redis://127.0.0.1:{port}/0", proc
 

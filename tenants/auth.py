@@ -1,7 +1,11 @@
 """API-key authentication with a short shared cache in Redis.
 
-Invariant: a key revoked in the database stops authenticating within `cache_seconds` (the
-cache entry's TTL), or at once when revoked through `tenants.services.revoke_api_key`.
+Invariants: a key revoked in the database stops authenticating within `cache_seconds` (the
+cache entry's TTL), or at once when revoked through `tenants.services.revoke_api_key`. A
+well-formed key that matches nothing costs one database query, then is refused from Redis for
+`negative_seconds` (an entry keyed by its hash, never the key itself): a flood of one bogus key
+never reaches PostgreSQL. A new key is random, so no refusal can be cached for it in advance;
+a key of a deactivated tenant works again within `negative_seconds` of reactivation.
 """
 from __future__ import annotations
 
@@ -35,6 +39,10 @@ def cache_key(prefix: str, key_hash: str) -> str:
     return redis_keys.api_key_cache(prefix, key_hash)
 
 
+def refusal_key(prefix: str, key_hash: str) -> str:
+    return redis_keys.api_key_refused(prefix, key_hash)
+
+
 def bearer_token(authorization: str | None) -> str | None:
     if not authorization:
         return None
@@ -44,23 +52,31 @@ def bearer_token(authorization: str | None) -> str | None:
     return token.strip()
 
 
-async def authenticate(raw_key: str | None, redis, key_prefix: str, cache_seconds: float) -> Principal:
+async def authenticate(raw_key: str | None, redis, key_prefix: str, cache_seconds: float,
+                       negative_seconds: float = 60.0) -> Principal:
     """The principal for a presented key, or AuthenticationFailed.
 
     `redis` is an asyncio Redis client (injected). Misses read PostgreSQL once and cache the
-    result for `cache_seconds`; negative results are not cached (a new key works at once).
+    result for `cache_seconds`; a refusal is cached for `negative_seconds` (0: not cached).
     """
     if not raw_key or prefix_of(raw_key) is None:
         raise AuthenticationFailed("Invalid API key.")
     digest = hash_key(raw_key)
-    ckey = cache_key(key_prefix, digest)
-    cached = await redis.get(ckey)
+    ckey, rkey = cache_key(key_prefix, digest), refusal_key(key_prefix, digest)
+    cached, refused = await redis.mget(ckey, rkey)
+    if refused is not None:
+        raise AuthenticationFailed("Invalid API key.")
     if cached is not None:
         data = json.loads(cached)
         stored_hash = data.pop("key_hash")
         if hashes_match(stored_hash, raw_key):
             return Principal(**data)
-    principal, stored_hash = await _load_from_database(raw_key)
+    try:
+        principal, stored_hash = await _load_from_database(raw_key)
+    except AuthenticationFailed:
+        if negative_seconds > 0:
+            await redis.set(rkey, b"1", px=max(1, int(negative_seconds * 1000)))
+        raise
     payload = {**asdict(principal), "key_hash": stored_hash}
     await redis.set(ckey, json.dumps(payload), px=max(1, int(cache_seconds * 1000)))
     return principal

@@ -89,6 +89,12 @@ def level_now(stored_level, stored_ts_ms, now_ms: int, per_minute: int, burst: i
     return min(float(burst), level + (now_ms - ts_ms) * per_minute / 60000.0)
 
 
+def _refill_s(missing: float, per_minute: int) -> float:
+    if per_minute <= 0:  # a suspended tenant's bucket: nothing to wait for
+        return 0.0
+    return max(0.0, missing * 60.0 / per_minute)
+
+
 @dataclass(frozen=True)
 class BucketState:
     """What the x-ratelimit-* headers report after a check (or a peek: not admitted, no wait,
@@ -101,13 +107,13 @@ class BucketState:
     tokens_level: float
 
     def reset_requests_s(self) -> float:
-        """Seconds until the requests bucket is full again."""
-        missing = self.limits.request_burst - self.requests_level
-        return max(0.0, missing * 60.0 / self.limits.requests_per_minute)
+        """Seconds until the requests bucket is full again (0 when it never refills)."""
+        return _refill_s(self.limits.request_burst - self.requests_level,
+                         self.limits.requests_per_minute)
 
     def reset_tokens_s(self) -> float:
-        missing = self.limits.token_burst - self.tokens_level
-        return max(0.0, missing * 60.0 / self.limits.tokens_per_minute)
+        return _refill_s(self.limits.token_burst - self.tokens_level,
+                         self.limits.tokens_per_minute)
 
     @property
     def retry_after_s(self) -> int:
@@ -135,8 +141,8 @@ class TokenBuckets:
     @staticmethod
     def _ttl_ms(limits: Limits) -> int:
         # Long enough to refill completely from empty; an expired bucket reads as full.
-        full_ms = max(limits.request_burst * 60000 // limits.requests_per_minute,
-                      limits.token_burst * 60000 // limits.tokens_per_minute)
+        full_ms = max(limits.request_burst * 60000 // max(1, limits.requests_per_minute),
+                      limits.token_burst * 60000 // max(1, limits.tokens_per_minute))
         return int(full_ms) + 60_000
 
     async def check(self, limits: Limits, num_tokens: int) -> BucketState:

@@ -22,7 +22,10 @@ def hash_key(raw_key: str) -> str:
 
 
 def prefix_of(raw_key: str) -> str | None:
-    """The visible prefix of a well-formed key, else None (so junk never reaches the database)."""
+    """The visible prefix of a well-formed key, else None (so junk never reaches the database:
+    a NUL or a lone surrogate in a presented key would fail there, not as a refusal)."""
+    if not (raw_key.isascii() and raw_key.isprintable()):
+        return None
     parts = raw_key.split("_", 2)
     if len(parts) != 3 or parts[0] != KEY_SCHEME or len(parts[1]) != VISIBLE_LEN or not parts[2]:
         return None

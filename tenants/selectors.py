@@ -25,6 +25,13 @@ class Limits:
     token_burst: int
     max_queue_wait_ms: int
 
+    @property
+    def suspended(self) -> bool:
+        """A limit of 0 (per minute, or a bucket's capacity): the buckets can never admit a
+        request, so none is checked against them; the request path refuses it outright."""
+        return min(self.requests_per_minute, self.tokens_per_minute, self.request_burst,
+                   self.token_burst) <= 0
+
 
 def _pick(*values: int | None) -> int:
     return next(v for v in values if v is not None)

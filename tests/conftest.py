@@ -1,5 +1,20 @@
-"""Session-wide cleanup of this run's Redis keys (names are private to the run: tests.settings)."""
+"""Session-wide cleanup of this run's Redis keys (names are private to the run: tests.settings),
+and of the processes the tests start, also when the run is interrupted."""
+import signal
+
 import pytest
+
+
+def pytest_configure(config):
+    """SIGTERM/SIGHUP (a killed CI job, a closed terminal) end the run like Ctrl-C: pytest then
+    tears every fixture down, stopping the daphne, replica and redis-server processes they
+    started (scripts/children.py also stops them at exit, and the kernel if pytest dies)."""
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, interrupt)
 
 
 @pytest.fixture(scope="session", autouse=True)

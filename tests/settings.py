@@ -5,6 +5,7 @@ import uuid
 
 from llm_platform.settings import *  # noqa: F403
 from llm_platform.settings import CACHES, DATABASES
+from replica.access import access_token
 
 # Inherited by subprocesses (daphne, fakes) started by the tests, so they share these names.
 TEST_RUN_ID = os.environ.setdefault("LLMP_TEST_RUN_ID", uuid.uuid4().hex[:8])
@@ -25,3 +26,8 @@ TRITON_TOKEN_TIMEOUT_SECONDS = 30.0
 # The usage outbox of this run only (its tests fill and replay it).
 BILLING_OUTBOX_DIR = os.path.join(os.environ.get("TMPDIR", "/tmp"),
                                   f"llmp-test-{TEST_RUN_ID}-billing-outbox")
+# Production settings refuse a default key with DEBUG off; the run's own key and replica secret
+# (inherited by the platform processes the tests start: tests/e2e/conftest.platform_env).
+SECRET_KEY = f"test-secret-key-{TEST_RUN_ID}-not-for-production-use"
+REPLICA_SECRET = f"test-replica-secret-{TEST_RUN_ID}"
+REPLICA_ACCESS_TOKEN = access_token(REPLICA_SECRET)

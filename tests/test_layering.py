@@ -7,9 +7,12 @@ from __future__ import annotations
 import configparser
 import subprocess
 import sys
+from io import StringIO
 from pathlib import Path
 
+import pytest
 from django.conf import settings
+from django.core.management import call_command
 
 REPO = Path(__file__).resolve().parents[1]
 LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
@@ -58,8 +61,10 @@ def test_an_upward_import_breaks_the_contract(tmp_path):
     assert "replica -> tenants" in done.stdout or "replica.__init__" in done.stdout, done.stdout
 
 
+@pytest.mark.django_db
 def test_migrations_match_the_models():
-    done = subprocess.run([sys.executable, "manage.py", "makemigrations", "--check", "--dry-run"],
-                          cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert "No changes detected" in done.stdout
+    """The moves between apps left no model out of step with its migrations (the test
+    database itself was built by running them from zero)."""
+    out = StringIO()
+    call_command("makemigrations", "--check", "--dry-run", stdout=out)
+    assert "No changes detected" in out.getvalue()

@@ -5,8 +5,6 @@ which runs the platform's own generation path (`prepare_as` -> router -> replica
 tenant, through the tenant's internal playground key: quotas, admission, usage and billing
 apply exactly as for API calls. The reply is the SSE stream of `/v1/generate`.
 """
-import json
-
 from asgiref.sync import sync_to_async
 from django.http import StreamingHttpResponse
 from django.shortcuts import render
@@ -14,9 +12,10 @@ from django.shortcuts import render
 from dashboard.access import member_view, membership_of
 from dashboard.selectors import playground_models
 from inference.container import current_container
-from inference.errors import ApiError, InvalidRequest, MethodNotAllowed, Unauthorized
+from inference.errors import InvalidRequest, MethodNotAllowed, Unauthorized
+from inference.faults import as_api_error
 from inference.formats.native import NativeFormat
-from inference.pipeline import prepare_as
+from inference.pipeline import decode_body, prepare_as
 from inference.relay import open_events, sse_bytes
 from tenants.auth import Principal
 from tenants.services import ensure_internal_key
@@ -44,10 +43,7 @@ def _principal_for(user) -> Principal | None:
 
 
 def _generation_body(raw: bytes) -> dict:
-    try:
-        data = json.loads(raw or b"{}")
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InvalidRequest("Malformed JSON body.", code="invalid_json") from exc
+    data = decode_body(raw or b"{}")
     if not isinstance(data, dict):
         raise InvalidRequest("The body must be a JSON object.")
     prompt, model = data.get("prompt"), data.get("model")
@@ -82,8 +78,8 @@ async def stream(request):
         fmt = NativeFormat()
         outcome = await prepare_as(container, "generate", principal, body, None)
         events = await open_events(container, outcome, fmt)
-    except ApiError as exc:
-        return exc.to_response()
+    except Exception as exc:  # noqa: BLE001 - Redis/PostgreSQL down: 503 JSON, never a page
+        return as_api_error(exc, request.path).to_response()
     response = StreamingHttpResponse(sse_bytes(fmt, events), content_type="text/event-stream")
     response["Cache-Control"] = "no-cache"
     response["X-Accel-Buffering"] = "no"

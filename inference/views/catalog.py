@@ -11,12 +11,17 @@ Three probes, three questions:
 """
 from __future__ import annotations
 
+import asyncio
+
 from asgiref.sync import sync_to_async
+from django.conf import settings
 from django.db import connection
 from django.http import JsonResponse
 
 from inference.container import current_container
+from inference.faults import preparing
 from inference.pipeline import authenticate_header
+from inference.relay import request_deadline
 from inference.views.errors import api_endpoint
 from models_registry.selectors import any_ready_replica, models_for_tenant
 
@@ -24,8 +29,10 @@ from models_registry.selectors import any_ready_replica, models_for_tenant
 @api_endpoint("GET")
 async def models_view(request):
     container = current_container()
-    principal = await authenticate_header(container, request.headers.get("Authorization"))
-    return JsonResponse({"object": "list", "data": await models_for_tenant(principal.tenant_id)})
+    async with preparing(request_deadline()):  # 503 in seconds if PostgreSQL or Redis hangs
+        principal = await authenticate_header(container, request.headers.get("Authorization"))
+        data = await models_for_tenant(principal.tenant_id)
+    return JsonResponse({"object": "list", "data": data})
 
 
 @api_endpoint("GET")
@@ -42,12 +49,18 @@ def _database_ok() -> bool:
         return False
 
 
-async def _web_checks() -> dict[str, bool]:
-    checks = {"database": await sync_to_async(_database_ok)()}
+async def _check(check, timeout_s: float) -> bool:
+    """A readiness check answers within `timeout_s` (a hung dependency is not ready)."""
     try:
-        checks["redis"] = bool(await current_container().redis.ping())
-    except Exception:  # noqa: BLE001
-        checks["redis"] = False
+        return bool(await asyncio.wait_for(check, timeout_s))
+    except Exception:  # noqa: BLE001 - any failure, or no answer in time, means not ready
+        return False
+
+
+async def _web_checks() -> dict[str, bool]:
+    timeout_s = settings.REQUEST_PREPARE_TIMEOUT_SECONDS
+    checks = {"database": await _check(sync_to_async(_database_ok)(), timeout_s)}
+    checks["redis"] = await _check(current_container().redis.ping(), timeout_s)
     return checks
 
 
@@ -65,8 +78,6 @@ async def web_readyz_view(request):
 @api_endpoint("GET")
 async def readyz_view(request):
     checks = await _web_checks()
-    try:
-        checks["replica"] = checks["database"] and await any_ready_replica()
-    except Exception:  # noqa: BLE001
-        checks["replica"] = False
+    timeout_s = settings.REQUEST_PREPARE_TIMEOUT_SECONDS
+    checks["replica"] = checks["database"] and await _check(any_ready_replica(), timeout_s)
     return _readiness(checks)

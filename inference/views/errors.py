@@ -4,18 +4,21 @@ from __future__ import annotations
 import functools
 import logging
 
+from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
-from django.db import OperationalError
 from django.views.decorators.csrf import csrf_exempt
 
-from inference.errors import ApiError, MethodNotAllowed, NotFound, PayloadTooLarge, ServiceUnavailable
+from inference.errors import ApiError, MethodNotAllowed, NotFound, PayloadTooLarge
+from inference.faults import as_api_error
+from llm_platform.db_watchdog import query_timeout
 
 logger = logging.getLogger(__name__)
 
 
 def api_endpoint(*methods: str):
     """Decorate an async view: CSRF-exempt (key-authenticated API), method check, and
-    ApiError -> JSON response. Anything unexpected is logged and answered as JSON too."""
+    ApiError -> JSON response. Redis or PostgreSQL unavailable -> 503 with Retry-After
+    (inference/faults.py); anything unexpected is logged and answered as JSON too."""
 
     def decorator(view):
         @csrf_exempt
@@ -25,18 +28,15 @@ def api_endpoint(*methods: str):
                 if request.method not in methods:
                     raise MethodNotAllowed(f"Method {request.method} is not allowed here.",
                                            headers={"Allow": ", ".join(methods)})
-                return await view(request, *args, **kwargs)
+                # PostgreSQL has no read timeout: bound this request's queries.
+                with query_timeout(settings.DB_QUERY_TIMEOUT_SECONDS):
+                    return await view(request, *args, **kwargs)
             except ApiError as exc:
                 return exc.to_response()
             except RequestDataTooBig:
                 return PayloadTooLarge("The request body is too large.").to_response()
-            except OperationalError:  # database down, or its connection pool exhausted
-                logger.exception("database unavailable in %s", request.path)
-                return ServiceUnavailable("The platform's database is busy or unreachable; retry shortly.",
-                                          code="database_unavailable", headers={"Retry-After": "1"}).to_response()
-            except Exception:  # noqa: BLE001 - last resort: a JSON error, never an HTML page
-                logger.exception("unhandled error in %s", request.path)
-                return ApiError("Internal error.").to_response()
+            except Exception as exc:  # noqa: BLE001 - Redis/PostgreSQL down: 503; else 500 JSON
+                return as_api_error(exc, request.path).to_response()
 
         return wrapper
 

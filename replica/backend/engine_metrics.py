@@ -31,7 +31,9 @@ GAUGES = {
 }
 COUNTERS = {
     "replica_prefix_cache_hit_tokens_total": ("prefix_hit_tokens", "Prompt tokens served from the prefix cache"),
-    "replica_prompt_tokens_total": ("prompt_tokens", "Prompt tokens processed"),
+    "replica_prompt_tokens_total": ("prompt_tokens",
+                                    "Prompt tokens prefilled (prefix-cache hits included, "
+                                    "recompute not counted again): what requests are billed"),
     "replica_generated_tokens_total": ("generated_tokens", "Tokens generated"),
     "replica_preemptions_total": ("num_preemptions", "Sequences preempted (recompute)"),
     "replica_interrupted_steps_total": ("num_interrupted_steps",

@@ -39,7 +39,9 @@ class EngineStats:
     num_free_blocks: int
     num_total_blocks: int
     prefix_hit_tokens: int  # cumulative
-    prompt_tokens: int  # cumulative, computed (recompute after preemption counts again)
+    # cumulative: prompt tokens prefilled, prefix-cache hits included, a recompute after
+    # preemption not counted again; equals the sum of what the requests are billed as input
+    prompt_tokens: int
     generated_tokens: int  # cumulative
     num_preemptions: int  # cumulative
     num_interrupted_steps: int = 0  # cumulative: steps cut short for a lighter newcomer
@@ -64,7 +66,6 @@ class EngineCore:
         self.rng = rng or random.Random(0)
         self._seeds: dict[str, int] = {}
         self._detok: dict[str, IncrementalDetokenizer] = {}
-        self._prompt_tokens = 0
         self._generated_tokens = 0
         self.max_failed_steps = max_failed_steps
         self._num_failed_steps = 0  # in a row
@@ -125,8 +126,6 @@ class EngineCore:
         out = self.scheduler.schedule()
         if out.is_empty:
             return []
-        prompt_tokens = sum(min(n, r.num_prompt_tokens - r.num_computed_tokens)
-                            for r, n in out.scheduled if r.num_computed_tokens < r.num_prompt_tokens)
         try:
             sampled = self.runner.execute(
                 out, self._seeds, interrupt if self.scheduler.step_interruptible else None)
@@ -145,7 +144,6 @@ class EngineCore:
                                                   f"request failed: {token.message}"))
             else:
                 tokens[request_id] = token
-        self._prompt_tokens += prompt_tokens
         progressed = self.scheduler.update(out, tokens, self.eos_token_ids)
         self._generated_tokens += len(progressed)
         for request in progressed:
@@ -193,9 +191,9 @@ class EngineCore:
             text_delta=delta,
             finished=False,
             finish_reason=None,
-            num_prompt_tokens=request.num_prompt_tokens,
+            num_prompt_tokens=request.num_prefilled_tokens,
             num_output_tokens=request.num_output_tokens,
-            num_cached_tokens=request.num_cached_tokens,
+            num_cached_tokens=min(request.num_cached_tokens, request.num_prefilled_tokens),
         )
 
     def _final_output(self, request: Request, token_ids: list[int], delta: str) -> RequestOutput:
@@ -214,7 +212,7 @@ class EngineCore:
             num_free_blocks=s.kv.num_free_blocks,
             num_total_blocks=s.kv.num_blocks,
             prefix_hit_tokens=s.prefix_hit_tokens,
-            prompt_tokens=self._prompt_tokens,
+            prompt_tokens=s.prefilled_tokens,
             generated_tokens=self._generated_tokens,
             num_preemptions=s.num_preemptions,
             num_interrupted_steps=s.num_interrupted_steps,

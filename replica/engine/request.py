@@ -53,6 +53,10 @@ class Request:
     output_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache at first admission
+    # Prompt tokens prefilled so far (computed or served from the prefix cache), a high-water
+    # mark: a recompute after preemption does not raise it again. What the request is billed for
+    # as input, and what replica_prompt_tokens_total sums.
+    num_prefilled_tokens: int = 0
     num_preemptions: int = 0
     finish_reason: FinishReason | None = None
     # Hashes of this request's full blocks, filled lazily by the KV manager; index i is the
@@ -93,7 +97,11 @@ class Request:
 
 @dataclass
 class RequestOutput:
-    """One delta for one request after one engine step."""
+    """One delta for one request after one engine step.
+
+    `num_prompt_tokens` is the request's prompt tokens prefilled so far (`num_prefilled_tokens`):
+    the whole prompt once a token was sampled, fewer for a request aborted mid-prefill.
+    `num_cached_tokens` never exceeds it."""
 
     request_id: str
     new_token_ids: list[int]

@@ -15,6 +15,9 @@ from typing import Any
 GREEDY_TEMPERATURE = 1e-5
 
 
+SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1
+
+
 class InvalidRequestError(ValueError):
     """Raised for a request the engine refuses (bad parameters, prompt too long)."""
 
@@ -41,8 +44,9 @@ class SamplingParams:
         if (not isinstance(self.top_p, (int, float)) or isinstance(self.top_p, bool)
                 or not math.isfinite(self.top_p) or not 0.0 < self.top_p <= 1.0):
             raise InvalidRequestError(f"top_p must be in (0, 1], got {self.top_p!r}")
-        if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)):
-            raise InvalidRequestError(f"seed must be an integer, got {self.seed!r}")
+        if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)
+                                      or not SEED_MIN <= self.seed <= SEED_MAX):
+            raise InvalidRequestError(f"seed must be a signed 64-bit integer, got {self.seed!r}")
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise InvalidRequestError("stop must be a list of non-empty strings")
         if len(self.stop) > 16:

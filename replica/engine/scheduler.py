@@ -76,6 +76,7 @@ class Scheduler:
         self.tenant_served: dict[str, float] = {}
         self.num_preemptions = 0
         self.prefix_hit_tokens = 0
+        self.prefilled_tokens = 0  # cumulative sum of the requests' num_prefilled_tokens
         self._isolated_last_step = False
         self._interrupted_last_step = False
         self.step_interruptible = False  # may the step just scheduled be cut short?
@@ -281,6 +282,7 @@ class Scheduler:
                 continue
             was_prefill = request.num_computed_tokens < request.num_prompt_tokens
             request.num_computed_tokens += num_new
+            self._count_prefilled(request)
             weight = self.weights.prompt_token if was_prefill else self.weights.output_token
             self.tenant_served[request.tenant] = self.tenant_served.get(request.tenant, 0.0) + weight * num_new
             self.kv.cache_full_blocks(request)
@@ -293,6 +295,12 @@ class Scheduler:
             if reason is not None:
                 self.finish(request, reason)
         return progressed
+
+    def _count_prefilled(self, request: Request) -> None:
+        prefilled = min(request.num_computed_tokens, request.num_prompt_tokens)
+        if prefilled > request.num_prefilled_tokens:
+            self.prefilled_tokens += prefilled - request.num_prefilled_tokens
+            request.num_prefilled_tokens = prefilled
 
     def _check_stop(self, request: Request, token: int, eos_token_ids: tuple[int, ...]) -> FinishReason | None:
         params = request.sampling_params

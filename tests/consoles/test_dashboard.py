@@ -170,6 +170,16 @@ def test_createmember_command(tenant_a):
     from django.contrib.auth import authenticate
     from django.core.management import call_command
 
-    call_command("createmember", "carol", "acme", "--password", "s3cret")
-    user = authenticate(username="carol", password="s3cret")
+    call_command("createmember", "carol", "acme", "--password", "tidal-owl-quarry-9")
+    user = authenticate(username="carol", password="tidal-owl-quarry-9")
     assert user is not None and user.tenant_membership.tenant == tenant_a
+
+
+@pytest.mark.parametrize("password", ["s3cret", "password123", "12345678901", "qwertyuiop"])
+def test_createmember_refuses_weak_passwords(tenant_a, password):
+    from django.contrib.auth import get_user_model
+    from django.core.management import CommandError, call_command
+
+    with pytest.raises(CommandError, match="password refused"):
+        call_command("createmember", "carol", "acme", "--password", password)
+    assert not get_user_model().objects.filter(username="carol").exists()

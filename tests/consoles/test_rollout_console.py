@@ -6,6 +6,7 @@ from models_registry.models import ModelVersion
 from rollouts.models import Rollout
 from rollouts.services import start_rollout
 from models_registry.services import ensure_model_version
+from tests.support.billing import priced
 
 pytestmark = pytest.mark.django_db(transaction=True)
 EVIDENCE = {"decision": "hold", "canary": {"num_requests": 14, "num_failed": 3},
@@ -15,7 +16,7 @@ EVIDENCE = {"decision": "hold", "canary": {"num_requests": 14, "num_failed": 3},
 @pytest.fixture
 def rollout(transactional_db):
     stable = ensure_model_version("chat-small", 1, "fake", tokenizer="bytes")
-    canary = ensure_model_version("chat-small", 2, "fake", tokenizer="bytes")
+    canary = priced(ensure_model_version("chat-small", 2, "fake", tokenizer="bytes"))
     rollout = start_rollout(canary, stable=stable, actor="test")
     Rollout.objects.filter(pk=rollout.pk).update(last_evidence=EVIDENCE)
     return rollout

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import subprocess
 import sys
 import venv
@@ -31,6 +32,8 @@ ENGINE_DISTRIBUTIONS = {"torch", "nvidia-pytriton", "safetensors", "transformers
 def _probe(python: str, *args: str) -> tuple[int, dict]:
     env = {key: value for key, value in os.environ.items()
            if key not in {"DJANGO_SETTINGS_MODULE", "PYTHONPATH"}}
+    # Production settings refuse to start without a strong key (llm_platform/checks.py).
+    env["SECRET_KEY"] = secrets.token_urlsafe(50)
     result = subprocess.run([python, str(PROBE), *args], cwd=REPO, env=env, capture_output=True,
                             text=True, timeout=300)
     assert result.stdout.strip(), result.stderr

@@ -64,6 +64,8 @@ def platform_env(**overrides: str) -> dict[str, str]:
         "API_KEY_CACHE_SECONDS": "1",
         "REGISTRY_CACHE_TTL_SECONDS": "0",
         "DEBUG": "false",
+        "SECRET_KEY": settings.SECRET_KEY,
+        "REPLICA_SECRET": settings.REPLICA_SECRET,
         **overrides,
     }
 

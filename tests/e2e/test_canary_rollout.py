@@ -29,7 +29,7 @@ from replica.backend.model_parameters import ModelParameters
 from replica.engine.models.loader import default_model_path
 from replica.replica_process import ReplicaProcess, ReplicaSpec
 from tenants.services import create_api_key, create_tenant
-from tests.support.billing import drain, reset_usage_stream
+from tests.support.billing import drain, priced, reset_usage_stream
 from tests.support.broken_weights import negate_tensor
 from tests.support.platform import close_loop_container, sse_events
 from tests.support.processes import free_port
@@ -158,7 +158,7 @@ async def fresh(rollout: Rollout) -> Rollout:
 async def test_healthy_canary_is_promoted_in_steps(fleet, replicas):
     canary = await sync_to_async(ensure_model_version)("chat-small", 2, SMOLLM2, state="staging")
     await sync_to_async(register_replica)(canary, replicas["good"])
-    rollout = await sync_to_async(rollouts.start_rollout)(canary, steps=[20, 50, 100], **THRESHOLDS)
+    rollout = await sync_to_async(rollouts.start_rollout)(await sync_to_async(priced)(canary), steps=[20, 50, 100], **THRESHOLDS)
 
     actions = []
     for step in range(2):
@@ -196,7 +196,7 @@ async def test_garbage_canary_is_rolled_back_and_stable_keeps_serving(fleet, rep
     canary = await sync_to_async(ensure_model_version)(
         "chat-small", 3, replicas["broken_weights"], state="staging")
     await sync_to_async(register_replica)(canary, replicas["broken"])
-    rollout = await sync_to_async(rollouts.start_rollout)(canary, steps=[50, 100], **THRESHOLDS)
+    rollout = await sync_to_async(rollouts.start_rollout)(await sync_to_async(priced)(canary), steps=[50, 100], **THRESHOLDS)
 
     await traffic(fleet, rollout, 3, "garbage")  # every request answers 200, garbage or not
     assert await evaluate(rollout) == "rollback"
@@ -225,7 +225,7 @@ async def test_erroring_canary_falls_back_then_is_rolled_back(fleet, replicas):
     # A canary whose replica is registered ready but does not answer (its server died).
     canary = await sync_to_async(ensure_model_version)("chat-small", 4, SMOLLM2, state="staging")
     await sync_to_async(register_replica)(canary, f"127.0.0.1:{free_port()}")
-    rollout = await sync_to_async(rollouts.start_rollout)(canary, steps=[50, 100], **THRESHOLDS)
+    rollout = await sync_to_async(rollouts.start_rollout)(await sync_to_async(priced)(canary), steps=[50, 100], **THRESHOLDS)
 
     await traffic(fleet, rollout, 2, "dead")
     await traffic(fleet, rollout, 2, "dead-stream", stream=True)  # no customer request failed

@@ -25,7 +25,7 @@ from models_registry.services import ensure_model_version, register_replica
 from tenants.models import ApiKey, Tenant
 from tenants.services import add_member, create_api_key, create_tenant, ensure_tier
 from tests.e2e.conftest import _start_fake, _start_smollm2
-from tests.support.billing import drain, event, reset_usage_stream
+from tests.support.billing import drain, event, priced, reset_usage_stream
 from tests.support.browser import chromium, screenshot
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
@@ -251,7 +251,7 @@ def test_operator_rolls_back_a_canary(page, live_server_url):
     operator = User.objects.create_user("operator", password="operator-pw", is_staff=True)
     operator.groups.add(Group.objects.get(name=OPERATOR))
     stable = ensure_model_version("chat-small", 1, "fake", tokenizer="bytes")
-    canary = ensure_model_version("chat-small", 2, "fake", tokenizer="bytes")
+    canary = priced(ensure_model_version("chat-small", 2, "fake", tokenizer="bytes"))
     rollout = start_rollout(canary, stable=stable, actor="release-bot")
     Rollout.objects.filter(pk=rollout.pk).update(last_evidence={
         "decision": "hold", "canary": {"num_requests": 14, "num_failed": 3},

@@ -20,6 +20,7 @@ from models_registry.services import ensure_model_version
 from tenants.services import create_api_key, create_tenant
 from tests.e2e.conftest import LOG_DIR, SMOLLM2_WEIGHTS, platform_env
 from tests.support.fleet import Control, Load, start_agents, stop_fleet
+from tests.support.billing import priced
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 LOST_AFTER_S = 4.0
@@ -41,7 +42,7 @@ def _kill_node(agent, node: Node) -> None:
 def test_killed_agent_is_replaced_in_the_other_zone_without_losing_requests(
         transactional_db, live_server_url):
     run = settings.REDIS_KEY_PREFIX.strip(":").split("-")[-1]
-    version = ensure_model_version("chat-small", 1, SMOLLM2_WEIGHTS, context_length=8192)
+    version = priced(ensure_model_version("chat-small", 1, SMOLLM2_WEIGHTS, context_length=8192))
     ScalingPolicy.objects.create(model_version=version, min_replicas=2, max_replicas=2,
                                  predictive=False, replica_cpu_slots=1, replica_memory_mib=1024)
     api_key = create_api_key(create_tenant("fleet", "interactive")).raw_key

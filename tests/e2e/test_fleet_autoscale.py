@@ -26,6 +26,7 @@ from models_registry.services import ensure_model_version
 from tenants.services import create_api_key, create_tenant
 from tests.e2e.conftest import LOG_DIR, SMOLLM2_WEIGHTS, platform_env
 from tests.support.fleet import Control, Load, start_agents, stop_fleet
+from tests.support.billing import priced
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 LOST_AFTER_S = 10.0
@@ -49,7 +50,7 @@ def _decisions(version, since):
 
 def test_autoscaler_scales_up_under_load_and_back_down_when_idle(transactional_db, live_server_url):
     run = settings.REDIS_KEY_PREFIX.strip(":").split("-")[-1]
-    version = ensure_model_version("chat-small", 1, SMOLLM2_WEIGHTS, context_length=8192)
+    version = priced(ensure_model_version("chat-small", 1, SMOLLM2_WEIGHTS, context_length=8192))
     policy = ScalingPolicy.objects.create(
         model_version=version, min_replicas=0, max_replicas=2, warm_pool_size=1, predictive=False,
         target_queue_depth=1, target_outstanding_tokens=48, replica_capacity_rps=50.0,

@@ -2,6 +2,9 @@
 import openai
 import pytest
 
+from tenants.models import Tenant
+from tenants.services import create_api_key, create_tenant
+
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 MESSAGES = [{"role": "user", "content": "Say hello in three words."}]
@@ -78,3 +81,33 @@ def test_idempotent_replay(fleet):
                                             temperature=1.0, extra_headers=headers)
     assert second.id == first.id
     assert second.choices[0].message.content == first.choices[0].message.content
+
+
+def test_unimplemented_parameters_are_refused_by_name(fleet):
+    client = client_for(fleet)
+    refused = {
+        "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}],
+        "response_format": {"type": "json_object"},
+        "logprobs": True,
+        "presence_penalty": 0.5,
+        "logit_bias": {"42": 5},
+    }
+    for param, value in refused.items():
+        with pytest.raises(openai.BadRequestError) as excinfo:
+            client.chat.completions.create(model="chat-small", messages=MESSAGES, max_tokens=2,
+                                           **{param: value})
+        assert (excinfo.value.code, excinfo.value.param) == ("unsupported_parameter", param)
+    # The values that change nothing are served.
+    reply = client.chat.completions.create(
+        model="chat-small", messages=MESSAGES, max_tokens=2, n=1, user="u-1", logprobs=False,
+        presence_penalty=0, frequency_penalty=0, response_format={"type": "text"})
+    assert reply.choices[0].message.content
+
+
+def test_suspended_tenant_is_permission_denied(fleet):
+    tenant = create_tenant("suspended", "interactive")
+    Tenant.objects.filter(pk=tenant.pk).update(requests_per_minute=0)
+    client = client_for(fleet, key=create_api_key(tenant).raw_key)
+    with pytest.raises(openai.PermissionDeniedError) as excinfo:
+        client.chat.completions.create(model="chat-small", messages=MESSAGES, max_tokens=2)
+    assert excinfo.value.code == "tenant_suspended"

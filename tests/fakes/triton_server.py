@@ -7,6 +7,7 @@ the prompt text:
   [invalid]        error "invalid request: ..." before any token
   [fail]           error before any token (a broken replica)
   [slow]           0.05 s between tokens (time for a client to disconnect mid-stream)
+  [slow-prefill]   5 s before the first token (time to disconnect before it)
   [die-after-2]    two tokens, then an error
   [stop]           finish_reason "stop" after 3 tokens
   [request-failed] error "request failed: ..." (this request failed alone inside the engine)
@@ -14,6 +15,8 @@ the prompt text:
                    fake's engine is dead (`engine_dead`)
 Server-wide: `fail_all=True` fails every request before its first token; `engine_dead=True`
 refuses every request with "engine dead: ..." (what a replica whose engine died answers).
+A `control` input is a usage query (replica/backend/control_request.py): the fake answers from
+its own ledger of what it "computed" per request id (`FakeState.usage`).
 It serves `replica_running_seqs`/`replica_waiting_seqs` on a tiny HTTP metrics endpoint, like
 the real replica.
 
@@ -71,6 +74,17 @@ def encode_response(request, text: str, finish: str, num_in: int, num_out: int, 
     return service_pb2.ModelStreamInferResponse(infer_response=response)
 
 
+def control_response(request, payload: dict):
+    response = service_pb2.ModelInferResponse(model_name=request.model_name, id=request.id)
+    for name, datatype, array in (
+            ("control_output", "BYTES", np.array([json.dumps(payload).encode()], dtype=np.object_)),
+            ("final", "BOOL", np.array([True], dtype=bool))):
+        response.outputs.add(name=name, datatype=datatype, shape=list(array.shape))
+        raw = serialize_byte_tensor(array).item() if datatype == "BYTES" else array.tobytes()
+        response.raw_output_contents.append(raw)
+    return service_pb2.ModelStreamInferResponse(infer_response=response)
+
+
 def error_response(message: str):
     return service_pb2.ModelStreamInferResponse(error_message=message)
 
@@ -82,6 +96,8 @@ class FakeState:
     num_running: int = 0
     num_requests: int = 0
     requests: list[dict] = field(default_factory=list)  # decoded inputs, for assertions
+    usage: dict[str, dict] = field(default_factory=dict)  # request id -> ledger entry
+    tasks: dict[str, asyncio.Task] = field(default_factory=dict)  # running, by request id
 
 
 class FakeTriton(service_pb2_grpc.GRPCInferenceServiceServicer):
@@ -118,8 +134,11 @@ class FakeTriton(service_pb2_grpc.GRPCInferenceServiceServicer):
                 task.cancel()
 
     async def _generate(self, request, queue: asyncio.Queue) -> None:
-        self.state.num_requests += 1
         inputs = decode_inputs(request)
+        if "control" in inputs:
+            await queue.put(await self._control(request, json.loads(inputs["control"][0])))
+            return
+        self.state.num_requests += 1
         text = inputs["text_input"][0].decode() if "text_input" in inputs else ""
         params = json.loads(inputs["sampling_parameters"][0]) if "sampling_parameters" in inputs else {}
         self.state.requests.append({"text": text, "params": params,
@@ -152,17 +171,43 @@ class FakeTriton(service_pb2_grpc.GRPCInferenceServiceServicer):
         if "[stop]" in text and max_tokens > 3:
             limit, finish = 3, "stop"
         self.state.num_running += 1
+        entry = self.state.usage[request.id] = {"state": "running", "input_tokens": num_in,
+                                                "cached_tokens": 0, "output_tokens": 0,
+                                                "finish_reason": "abort", "error": ""}
+        self.state.tasks[request.id] = asyncio.current_task()
         try:
+            if "[slow-prefill]" in text:
+                await asyncio.sleep(5.0)
             for index in range(limit):
                 if "[die-after-2]" in text and index == 2:
                     await queue.put(error_response("engine died mid-stream (fake)"))
                     return
                 last = index == limit - 1
+                entry["output_tokens"] = index + 1
+                if last:
+                    entry["finish_reason"] = finish
                 await queue.put(encode_response(request, f" t{index}", finish if last else "",
                                                 num_in, index + 1, last))
                 await asyncio.sleep(delay)
         finally:
             self.state.num_running -= 1
+            entry["state"] = "finished"
+            self.state.tasks.pop(request.id, None)
+
+    async def _control(self, request, command: dict):
+        ids = command["usage"]
+        if command.get("abort"):
+            for task in [self.state.tasks.get(i) for i in ids]:
+                if task is not None:
+                    task.cancel()
+        unknown = {"state": "unknown", "input_tokens": 0, "cached_tokens": 0,
+                   "output_tokens": 0, "finish_reason": "", "error": ""}
+        deadline = asyncio.get_running_loop().time() + float(command.get("wait_s", 0.0))
+        while (any(self.state.usage.get(i, unknown)["state"] == "running" for i in ids)
+               and asyncio.get_running_loop().time() < deadline):
+            await asyncio.sleep(0.01)
+        return control_response(request, {"usage": {i: dict(self.state.usage.get(i, unknown))
+                                                     for i in ids}})
 
 
 async def _serve_metrics(state: FakeState, reader, writer) -> None:

@@ -15,6 +15,7 @@ from models_registry.models import Replica, ScalingPolicy
 from fleet.nodes import detect_lost_nodes, heartbeat, register_node
 from fleet.placement import drain_replicas, place_replicas
 from models_registry.services import ensure_model_version
+from tests.support.billing import priced
 
 pytestmark = pytest.mark.django_db(transaction=True)
 T0 = datetime(2026, 11, 2, 0, 0, tzinfo=timezone.utc)
@@ -23,7 +24,7 @@ LOST_AFTER = 15.0
 
 @pytest.fixture
 def version():
-    return ensure_model_version("chat-small", 1, "fake", tokenizer="bytes")
+    return priced(ensure_model_version("chat-small", 1, "fake", tokenizer="bytes"))
 
 
 @pytest.fixture
@@ -177,3 +178,13 @@ def test_autoscale_records_rates_and_the_forecast_starts_replicas_ahead(version,
     sample = RateSample.objects.filter(model_version=version).latest("at")
     assert sample.num_requests == 10 and sample.window_s == 5.0
     assert ScalingDecision.objects.filter(model_version=version).count() == 2
+
+
+def test_autoscaler_holds_an_unpriced_version_and_says_why(nodes, redis):
+    unpriced = ensure_model_version("unpriced", 1, "fake", tokenizer="bytes")
+    policy = ScalingPolicy.objects.create(model_version=unpriced, min_replicas=1, max_replicas=2)
+    dispatcher = RecordingDispatcher()
+    decision = autoscale_version(policy.pk, T0, _ctx(redis, dispatcher))
+    assert decision.action == "hold" and "no price in effect" in decision.reason
+    assert not Replica.objects.filter(model_version=unpriced).exists()
+    assert dispatcher.sent == []

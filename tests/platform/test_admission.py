@@ -233,8 +233,9 @@ async def test_waiter_is_woken_by_the_release(redis):
     assert not task.done()
     await holder.release()
     slot = await asyncio.wait_for(task, 5.0)
-    # The wake list was consumed (or removed): nothing lingers for the next waiter.
-    assert await redis.exists(queue._wake_prefix("m") + slot.ticket) == 0
+    # The wake-up was a message, not a key: nothing lingers in Redis for the next waiter.
+    assert not [k async for k in redis.scan_iter(match=queue.keys("m")[0][:-len("waiting")] + "wake*")]
+    assert queue.wakeups._events == {}
     await slot.release()
 
 
@@ -322,3 +323,34 @@ async def test_fair_share_counts_service_on_every_version(redis):
     await holder.release()
     await asyncio.wait_for(asyncio.gather(a, b), 5.0)
     assert order == ["B", "A"]
+
+
+class Clock:
+    """An injected wall clock the test moves (slot leases are compared against it)."""
+
+    def __init__(self):
+        self.now = time.time()
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def test_slot_is_a_lease_reclaimed_after_its_ttl_unless_refreshed(redis):
+    clock = Clock()
+    prefix = f"{settings.REDIS_KEY_PREFIX}{uuid.uuid4().hex[:6]}:"
+    queue = AdmissionQueue(redis, prefix, clock, FairShare(), max_queue=10, heartbeat_s=60.0,
+                           slot_ttl_s=30.0, fallback_poll_s=0.05)
+    kept = await queue.admit("m", 1, waiter("alive"), capacity=2)
+    dead = await queue.admit("m", 1, waiter("dead"), capacity=2)  # its holder never refreshes
+    clock.now += 20
+    assert await kept.refresh()
+    task = asyncio.create_task(queue.admit("m", 1, waiter("next", max_wait_s=1000), capacity=2))
+    await asyncio.sleep(0.2)
+    assert not task.done()  # both slots still held
+    clock.now += 15  # the dead holder's lease ran out; the live one was refreshed 15 s ago
+    slot = await asyncio.wait_for(task, 5.0)  # the waiter's poll reclaimed the dead slot
+    assert not await dead.refresh()  # gone for good: a refresh never re-creates it
+    assert await kept.refresh()
+    for s in (kept, slot):
+        await s.release()
+    assert await redis.zcard(queue.keys("m")[1]) == 0

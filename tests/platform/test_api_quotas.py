@@ -123,6 +123,41 @@ async def test_cancelled_request_is_charged_what_it_used(auth, tenant, ready_rep
     assert num_prompt + 0.5 <= charged < num_prompt + 10  # the prompt and the tokens it got
 
 
+async def test_cancelled_before_the_first_token_is_charged_the_prefill(auth, tenant, ready_replica,
+                                                                       fake_replica):
+    from asgiref.sync import sync_to_async
+
+    from billing.models import UsageRecord
+    from tests.support.billing import drain
+
+    await set_limits(tenant, tokens_per_minute=1, token_burst=10_000)
+    body = {**BODY, "messages": [{"role": "user", "content": "[slow-prefill] Hi"}],
+            "max_tokens": 200, "stream": True}
+    container = current_container()
+    prepared = await prepare(container, "generate", auth["Authorization"], body, None)
+    # open_events waits for the first token (or an error before it).
+    first = asyncio.ensure_future(open_events(container, prepared, NativeFormat()))
+    while not fake_replica.state.usage:  # the replica has the request: it is "prefilling"
+        await asyncio.sleep(0.01)
+    first.cancel()  # the client goes away before the first token
+    with pytest.raises(asyncio.CancelledError):
+        await first
+    num_prompt = len(fake_replica.state.requests[0]["input_ids"])
+    # The request's end (ask the replica, correct the bucket, final event) runs shielded after
+    # the cancellation: wait for its final event to be billed.
+    deadline = asyncio.get_running_loop().time() + 30
+    while True:
+        await sync_to_async(drain)()
+        row = await UsageRecord.objects.aget(request_id=prepared.request_id)
+        if row.status != "pending" or asyncio.get_running_loop().time() > deadline:
+            break
+        await asyncio.sleep(0.05)
+    assert 10_000 - await tokens_level(tenant) == pytest.approx(num_prompt, abs=0.5)
+    assert (row.status, row.input_tokens, row.output_tokens, row.ttft_ms) == \
+        ("cancelled", num_prompt, 0, None)
+    assert row.estimated_tokens == num_prompt + 200 and row.settled_at is not None
+
+
 async def test_limits_edit_seen_after_the_cache_ttl(tenant):
     redis = aioredis.Redis.from_url(settings.REDIS_URL)
     try:

@@ -41,7 +41,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 async def _auth(raw_key: str):
     container = current_container()
     return await authenticate(raw_key, container.redis, container.key_prefix,
-                              settings.API_KEY_CACHE_SECONDS)
+                              settings.API_KEY_CACHE_SECONDS, settings.API_KEY_NEGATIVE_CACHE_SECONDS)
 
 
 @pytest.mark.asyncio
@@ -85,3 +85,64 @@ async def test_wrong_secret_with_real_prefix_fails(tenant, api_key):
     forged = api_key[:-4] + ("AAAA" if not api_key.endswith("AAAA") else "BBBB")
     with pytest.raises(AuthenticationFailed):
         await _auth(forged)
+
+
+class _CountingLoads:
+    """Wraps tenants.auth._load_from_database (the only database read of authentication)."""
+
+    def __init__(self, monkeypatch):
+        import tenants.auth as auth_module
+
+        self.calls = 0
+        real = auth_module._load_from_database
+
+        async def counted(raw_key):
+            self.calls += 1
+            return await real(raw_key)
+
+        monkeypatch.setattr(auth_module, "_load_from_database", counted)
+
+
+@pytest.mark.asyncio
+async def test_a_bogus_key_costs_one_database_query(monkeypatch, tenant):
+    loads = _CountingLoads(monkeypatch)
+    bogus = generate_key()[0]  # well formed, matches nothing
+    for _ in range(5):
+        with pytest.raises(AuthenticationFailed):
+            await _auth(bogus)
+    assert loads.calls == 1
+
+
+@pytest.mark.asyncio
+async def test_the_refusal_is_stored_under_a_hash_and_expires(tenant):
+    bogus = generate_key()[0]
+    with pytest.raises(AuthenticationFailed):
+        await _auth(bogus)
+    container = current_container()
+    keys = [key async for key in container.redis.scan_iter(match=f"{container.key_prefix}*")]
+    assert not any(bogus.encode() in key for key in keys)
+    refusal = f"{container.key_prefix}apikey-refused:{hash_key(bogus)}"
+    assert 0 < await container.redis.pttl(refusal) <= settings.API_KEY_NEGATIVE_CACHE_SECONDS * 1000
+
+
+@pytest.mark.asyncio
+async def test_a_revoked_key_is_refused_without_the_database_after_once(monkeypatch, tenant,
+                                                                        api_key):
+    key = await ApiKey.objects.aget(tenant=tenant)
+    await ApiKey.objects.filter(pk=key.pk).aupdate(revoked_at=key.created_at)
+    loads = _CountingLoads(monkeypatch)
+    for _ in range(3):
+        with pytest.raises(AuthenticationFailed):
+            await _auth(api_key)
+    assert loads.calls == 1
+
+
+@pytest.mark.asyncio
+async def test_no_negative_cache_when_turned_off(monkeypatch, tenant):
+    loads = _CountingLoads(monkeypatch)
+    bogus = generate_key()[0]
+    container = current_container()
+    for _ in range(2):
+        with pytest.raises(AuthenticationFailed):
+            await authenticate(bogus, container.redis, container.key_prefix, 1.0, 0.0)
+    assert loads.calls == 2

@@ -16,6 +16,7 @@ from models_registry.services import ensure_model_version, register_replica
 from tests.fakes.triton_server import start_fake
 from tests.support.billing import drain
 from tests.support.platform import sse_events
+from tests.support.billing import priced
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.django_db(transaction=True)]
 
@@ -36,8 +37,8 @@ async def canary_fake():
 
 @pytest.fixture
 def canary_version(transactional_db):
-    return ensure_model_version("chat-small", 2, "fake", tokenizer="bytes", context_length=1024,
-                                state="staging")
+    return priced(ensure_model_version("chat-small", 2, "fake", tokenizer="bytes",
+                                       context_length=1024, state="staging"))
 
 
 def conversations(rollout_id: int, tenant_id: int, percent: float, want_canary: bool, n: int):
@@ -198,7 +199,8 @@ async def test_canary_whose_tokenizer_cannot_load_falls_back(client, auth, tenan
     canary = await sync_to_async(ensure_model_version)(
         "chat-small", 2, "/nonexistent/weights.gguf", context_length=1024, state="staging")
     await sync_to_async(register_replica)(canary, canary_fake.grpc_address)
-    rollout = await sync_to_async(rollouts.start_rollout)(canary, steps=[50, 100])
+    rollout = await sync_to_async(rollouts.start_rollout)(await sync_to_async(priced)(canary),
+                                                          steps=[50, 100])
     for conv in conversations(rollout.pk, tenant.pk, 50, True, 2):
         response = await post(client, BODY, {**auth, "X-Conversation-Id": conv})
         assert response.status_code == 200, response.content

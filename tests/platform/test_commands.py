@@ -36,6 +36,9 @@ def test_registermodel_and_registerreplica():
         "--quantization", "Q4_1")
     version = ModelVersion.objects.get(model__name="chat-small", version=1)
     assert version.context_length == 8192 and version.state == "active"
+    with pytest.raises(CommandError, match="no price in effect"):  # it would serve for free
+        run("registerreplica", "chat-small", "--grpc", "127.0.0.1:8001")
+    run("setprice", "chat-small", "--input", "0.15", "--output", "0.6")
     run("registerreplica", "chat-small", "--grpc", "127.0.0.1:8001", "--metrics",
         "127.0.0.1:8002", "--node", "node-a", "--zone", "z1")
     replica = Replica.objects.get()

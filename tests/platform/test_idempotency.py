@@ -92,3 +92,44 @@ async def test_failed_request_releases_the_key(client, auth, model_version, fake
 async def test_bad_key_header_is_400(client, auth, model_version):
     response = await post(client, BODY, {**auth, "Idempotency-Key": "x" * 300})
     assert response.status_code == 400
+
+
+def _store():
+    from django.conf import settings
+
+    from inference.container import current_container
+    from inference.idempotency import IdempotencyStore
+
+    container = current_container()
+    return IdempotencyStore(container.redis, container.key_prefix, settings.IDEMPOTENCY_TTL_SECONDS,
+                            settings.IDEMPOTENCY_PENDING_TTL_SECONDS)
+
+
+async def test_only_the_owner_completes_its_claim():
+    from dataclasses import replace
+
+    from inference.idempotency import Claim, Replay
+
+    store = _store()
+    claim = await store.begin(7, "owner-check", "fp")
+    assert isinstance(claim, Claim)
+    forged = replace(claim, owner="someone-else")
+    assert not await store.complete(forged, {"text": "forged"})
+    assert await store.complete(claim, {"text": "real"})
+    replay = await store.begin(7, "owner-check", "fp")
+    assert isinstance(replay, Replay) and replay.result == {"text": "real"}
+    assert not await store.complete(claim, {"text": "again"})  # done already: not pending
+
+
+async def test_a_request_that_outlived_its_claim_does_not_overwrite_the_next():
+    from inference.idempotency import Claim, Replay
+
+    store = _store()
+    slow = await store.begin(7, "outlived", "fp")
+    await store._redis.delete(slow.redis_key)  # its pending entry expired
+    current = await store.begin(7, "outlived", "fp")
+    assert isinstance(current, Claim) and current.owner != slow.owner
+    assert not await store.complete(slow, {"text": "late"})
+    assert await store.complete(current, {"text": "current"})
+    replay = await store.begin(7, "outlived", "fp")
+    assert isinstance(replay, Replay) and replay.result == {"text": "current"}

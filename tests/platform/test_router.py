@@ -97,3 +97,29 @@ async def test_a_lone_replica_needs_no_serialised_decision(model_version):
             router.acquire(model_version.pk, "balanced", REQUEST), timeout=30)
     assert lease.replica.replica_id == r1.pk
     await lease.release()
+
+
+@pytest.mark.asyncio
+async def test_outstanding_tokens_are_leases_reclaimed_when_their_holder_is_gone():
+    import time as time_module
+    import uuid
+
+    from django.conf import settings
+
+    clock_now = [time_module.time()]
+    counter = OutstandingTokens(current_container().redis,
+                                f"{settings.REDIS_KEY_PREFIX}{uuid.uuid4().hex[:6]}:",
+                                lambda: clock_now[0], ttl_s=30.0)
+    await counter.hold(7, "alive", 1, 100)
+    await counter.hold(7, "dead", 1, 50)  # its process died: never refreshed nor released
+    await counter.give_back(7, "alive", 1, 40)  # the prompt is done
+    assert await counter.read(7, [1]) == {1: 110}
+    clock_now[0] += 20
+    assert await counter.refresh(7, "alive")
+    clock_now[0] += 15
+    assert await counter.read(7, [1]) == {1: 60}  # the dead lease's 50 came back
+    await counter.give_back(7, "alive", 1, 10_000, end=True)  # never more than it holds
+    assert await counter.read(7, [1]) == {1: 0}
+    await counter.give_back(7, "dead", 1, 50, end=True)  # reclaimed already: nothing twice
+    assert await counter.read(7, [1]) == {1: 0}
+    assert not await counter.refresh(7, "alive")

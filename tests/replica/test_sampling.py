@@ -82,7 +82,8 @@ def test_multibyte_character_is_never_split():
 
 @pytest.mark.parametrize("bad", [
     {"max_tokens": 0}, {"temperature": -1}, {"top_p": 0}, {"top_k": -1}, {"seed": "x"},
-    {"stop": [""]}, {"bogus": 1}, {"stop_token_ids": [-1]},
+    {"stop": [""]}, {"bogus": 1}, {"stop_token_ids": [-1]}, {"seed": 2**63},
+    {"seed": -(2**63) - 1}, {"seed": "9" * 5000},
 ])
 def test_invalid_parameters_are_refused(bad):
     with pytest.raises(InvalidRequestError):

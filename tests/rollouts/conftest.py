@@ -10,6 +10,7 @@ from models_registry.models import ModelVersion
 from inference.fallbacks import fallbacks_key
 from models_registry.services import ensure_model_version
 from tenants.services import create_api_key, create_tenant
+from tests.support.billing import priced
 
 T0 = datetime(2026, 11, 2, 9, 0, tzinfo=timezone.utc)
 _ids = itertools.count()
@@ -45,7 +46,8 @@ def sync_redis():
 @pytest.fixture
 def versions(db) -> tuple[ModelVersion, ModelVersion]:
     stable = ensure_model_version("chat-small", 1, "fake-1", tokenizer="bytes")
-    canary = ensure_model_version("chat-small", 2, "fake-2", tokenizer="bytes", state="staging")
+    canary = priced(ensure_model_version("chat-small", 2, "fake-2", tokenizer="bytes",
+                                         state="staging"))
     return stable, canary
 
 

@@ -8,6 +8,7 @@ from rollouts.models import Rollout
 from rollouts import services
 from rollouts.services import RolloutError
 from models_registry.services import ensure_model_version
+from tests.support.billing import priced
 
 
 def test_start_stages_the_canary_and_records_it(versions, clock):
@@ -29,13 +30,14 @@ def test_bad_steps_are_refused(versions, steps):
 
 def test_one_live_rollout_per_model(versions):
     services.start_rollout(versions[1])
-    third = ensure_model_version("chat-small", 3, "fake-3", tokenizer="bytes", state="staging")
+    third = priced(ensure_model_version("chat-small", 3, "fake-3", tokenizer="bytes",
+                                        state="staging"))
     with pytest.raises(RolloutError, match="already has a live rollout"):
         services.start_rollout(third, stable=versions[0])
 
 
 def test_canary_must_be_another_version_of_the_same_model(versions):
-    other = ensure_model_version("other", 1, "fake", tokenizer="bytes")
+    other = priced(ensure_model_version("other", 1, "fake", tokenizer="bytes"))
     with pytest.raises(RolloutError, match="same model"):
         services.start_rollout(other, stable=versions[0])
     with pytest.raises(RolloutError, match="another version"):

@@ -12,6 +12,19 @@ from billing.outbox import FileOutbox
 from billing.stream import StreamKeys
 
 
+def priced(model_version):
+    """`model_version` with a price in effect since 2000 (a version without one may not serve:
+    placement and rollouts refuse it). Returns the version."""
+    from datetime import datetime, timezone
+
+    from billing.models import Price
+    from billing.services import set_price
+
+    if not Price.objects.filter(model_version=model_version).exists():
+        set_price(model_version, datetime(2000, 1, 1, tzinfo=timezone.utc), "1", "2")
+    return model_version
+
+
 def sync_redis(url: str | None = None) -> redis.Redis:
     return redis.Redis.from_url(url or settings.REDIS_URL)
 

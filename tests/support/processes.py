@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -12,6 +11,7 @@ from pathlib import Path
 
 import httpx
 
+from scripts.children import spawn, stop_group
 from scripts.services import free_port  # noqa: F401 - re-exported for the tests
 
 REPO = Path(__file__).resolve().parents[2]
@@ -30,24 +30,17 @@ class Proc:
             return ""
 
     def stop(self, timeout: float = 20.0) -> None:
-        if self.popen.poll() is not None:
-            return
-        os.killpg(self.popen.pid, signal.SIGTERM)
-        try:
-            self.popen.wait(timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.popen.pid, signal.SIGKILL)
-            self.popen.wait()
+        stop_group(self.popen, timeout)
 
 
 def start(name: str, args: list[str], env: dict[str, str], log_dir: Path) -> Proc:
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"{name}.log"
     log = open(log_path, "wb")
-    popen = subprocess.Popen(
-        [sys.executable, *args], cwd=REPO, env={**os.environ, **env}, stdout=log,
-        stderr=subprocess.STDOUT, start_new_session=True,
-    )
+    # Its own process group, stopped with the test run even when the run is interrupted
+    # (scripts/children.py: atexit, SIGTERM -> SystemExit, the kernel's parent-death signal).
+    popen = spawn([sys.executable, *args], cwd=REPO, env={**os.environ, **env}, stdout=log,
+                  stderr=subprocess.STDOUT)
     return Proc(name, popen, log_path)
 
 

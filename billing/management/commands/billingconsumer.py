@@ -2,7 +2,9 @@
 
 Restartable at any point: entries it read but did not acknowledge are read again at its next
 start (same --name), or claimed by another consumer once idle for --claim-idle-ms.
-SIGTERM / SIGINT stop it after the current batch.
+SIGTERM / SIGINT stop it after the current batch and a final drain (the outbox, then the
+stream until empty, for at most --drain-seconds): `make serve` stops it after the API, so the
+API's last events are billed before it exits.
 """
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ class Command(BaseCommand):
         parser.add_argument("--batch-size", type=int, default=settings.BILLING_CONSUMER_BATCH)
         parser.add_argument("--claim-idle-ms", type=int,
                             default=settings.BILLING_CLAIM_IDLE_MS)
+        parser.add_argument("--drain-seconds", type=float, default=20.0)
 
     def handle(self, *args, **options):
         stop = threading.Event()
@@ -43,4 +46,5 @@ class Command(BaseCommand):
         self.stdout.write(f"billing consumer {options['name']} started", ending="\n")
         self.stdout.flush()
         consumer.run(stop.is_set)
-        self.stdout.write("billing consumer stopped")
+        drained = consumer.finish(options["drain_seconds"])
+        self.stdout.write(f"billing consumer stopped (drained {drained} entries on the way out)")

@@ -16,6 +16,9 @@ class Command(BaseCommand):
         parser.add_argument("--zone", default="")
         parser.add_argument("--address", default="127.0.0.1",
                             help="the host the platform reaches this node's replicas at")
+        parser.add_argument("--bind-address", default=os.environ.get("NODE_BIND_ADDRESS", ""),
+                            help="where replicas listen (default: NODE_BIND_ADDRESS, else "
+                                 "--address if it is an IP address, else 127.0.0.1)")
         parser.add_argument("--cpu-slots", type=int, default=2)
         parser.add_argument("--memory-mib", type=int, default=4096)
         parser.add_argument("--heartbeat-s", type=float, default=2.0)
@@ -27,6 +30,7 @@ class Command(BaseCommand):
         os.environ.update({
             "NODE_NAME": options["name"], "NODE_ZONE": options["zone"],
             "NODE_ADDRESS": options["address"], "NODE_CPU_SLOTS": str(options["cpu_slots"]),
+            "NODE_BIND_ADDRESS": options["bind_address"],
             "NODE_MEMORY_MIB": str(options["memory_mib"]),
             "NODE_HEARTBEAT_SECONDS": str(options["heartbeat_s"]),
             "NODE_REPLICA_THREADS": str(options["replica_threads"]),

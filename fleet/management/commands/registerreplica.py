@@ -1,5 +1,7 @@
 from django.core.management.base import BaseCommand, CommandError
+from django.utils import timezone
 
+from billing.selectors import MissingPrice, require_price
 from models_registry.models import ModelVersion, Replica
 from models_registry.services import register_replica
 
@@ -29,6 +31,11 @@ class Command(BaseCommand):
         model_version = versions.order_by("-version").first()
         if model_version is None:
             raise CommandError(f"no such model version: {model} {version or '(active)'}")
+        if state == Replica.State.READY:
+            try:
+                require_price(model_version, timezone.now())  # a ready replica serves traffic
+            except MissingPrice as exc:
+                raise CommandError(str(exc)) from None
         replica = register_replica(
             model_version, grpc, metrics_address=metrics, node_name=node, zone=zone, state=state
         )

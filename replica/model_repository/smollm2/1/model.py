@@ -1,7 +1,10 @@
 """Our engine as a decoupled Triton Python-backend model.
 
 `execute` validates each request, stores its response sender and hands it to the EngineLoop, then
-returns at once; the loop thread sends one response per engine step per request. Needs the
+returns at once; the loop thread sends one response per engine step per request. The engine's
+request id is Triton's (the platform's request id) unless absent or already open. Every finished
+request's computed tokens go to the UsageLedger before its final response; a `control` request
+reads the ledger (and may abort requests) instead of generating. Needs the
 repository root on PYTHONPATH (the launcher sets it) and the venv's python first on PATH.
 
 Errors reach the platform by their message's prefix (replica/backend/error_messages.py). If the
@@ -21,6 +24,8 @@ import threading
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 
+import numpy as np
+
 # The stub's embedded interpreter ignores PYTHONPATH (measured): honour it here, before our imports.
 for _path in reversed(os.environ.get("PYTHONPATH", "").split(os.pathsep)):
     if _path and _path not in sys.path:
@@ -29,12 +34,14 @@ for _path in reversed(os.environ.get("PYTHONPATH", "").split(os.pathsep)):
 import triton_python_backend_utils as pb_utils  # noqa: E402
 
 from replica.backend import error_messages
+from replica.backend.control_request import ControlRequest, control_reply
 from replica.backend.drain_watcher import DrainWatcher
 from replica.backend.engine_metrics import EngineMetrics
 from replica.backend.fault_trigger import FaultTrigger
 from replica.backend.generate_request import INPUT_NAMES, GenerateRequest
 from replica.backend.model_parameters import ModelParameters
 from replica.backend.response_stream import ResponseStream
+from replica.backend.usage_ledger import FINISHED, ComputedUsage, UsageLedger
 from replica.engine.engine_loop import EngineDeadError, EngineLoop, EngineUnavailableError
 from replica.engine.sampling_params import InvalidRequestError
 
@@ -67,6 +74,9 @@ class TritonPythonModel:
         # server (GIL released), which then overlaps the next engine step instead of delaying it.
         self._sender = ThreadPoolExecutor(max_workers=1, thread_name_prefix="response-sender")
         self._engine_dead_file = parameters.engine_dead_file
+        self._ledger = UsageLedger()
+        # Control requests may wait for requests to finish: off the sender and loop threads.
+        self._control = ThreadPoolExecutor(max_workers=2, thread_name_prefix="control")
         self._loop = EngineLoop(self._engine, on_tick=self._on_tick, on_dead=self._on_dead)
         self._loop.start()
         self._fault_trigger = None
@@ -93,6 +103,11 @@ class TritonPythonModel:
         for request in requests:
             sender = request.get_response_sender()
             try:
+                control = pb_utils.get_input_tensor_by_name(request, "control")
+                if control is not None:
+                    command = ControlRequest.from_input(control.as_numpy())
+                    self._control.submit(self._answer_control, command, sender)
+                    continue
                 self._submit(request, sender)
             except InvalidRequestError as exc:
                 _send_error(sender, f"{error_messages.INVALID_REQUEST} {exc}", pb_utils.TritonError.INVALID_ARG)
@@ -112,6 +127,7 @@ class TritonPythonModel:
         if self._fault_trigger is not None:
             self._fault_trigger.stop()
         self._loop.stop()
+        self._control.shutdown(wait=False, cancel_futures=True)
         self._sender.shutdown(wait=True)  # flush the final responses the loop just produced
         self._metrics.close()  # metrics before their families, before the stub tears down
         _log.info("finalize: done; engine loop: %s", self._loop.timing.summary())
@@ -129,12 +145,16 @@ class TritonPythonModel:
         prefix = ""
         if generate.prepend_prompt:
             prefix = generate.text or self._tokenizer.decode(prompt_token_ids)
-        request_id = uuid.uuid4().hex
+        request_id = request.request_id() or ""
+        known = request_id and self._ledger.lookup([request_id])[request_id].state != "unknown"
+        if not request_id or len(request_id) > 128 or known:
+            request_id = uuid.uuid4().hex  # no id, or one this replica already holds
         stream = ResponseStream(
             pb_utils, sender, request_id, stream=generate.stream, prompt_prefix=prefix, on_cancel=self._loop.abort
         )
         with self._streams_lock:
             self._streams[request_id] = stream
+        self._ledger.open(request_id)
         try:
             self._loop.submit(
                 request_id,
@@ -147,10 +167,16 @@ class TritonPythonModel:
             )
         except BaseException:
             self._forget(request_id)
+            self._ledger.forget(request_id)
             raise
 
     def _on_output(self, stream: ResponseStream, output) -> None:
-        """Loop thread: hand the output to the sender thread."""
+        """Loop thread: record a finished request's usage, hand the output to the sender thread."""
+        if output.finished:
+            finish_reason = getattr(output.finish_reason, "value", str(output.finish_reason or ""))
+            self._ledger.close(stream.request_id, ComputedUsage(
+                FINISHED, output.num_prompt_tokens, output.num_cached_tokens,
+                output.num_output_tokens, finish_reason, output.error or ""))
         self._sender.submit(self._send_output, stream, output)
 
     def _send_output(self, stream: ResponseStream, output) -> None:
@@ -168,6 +194,21 @@ class TritonPythonModel:
         finally:
             if output.finished:
                 self._forget(stream.request_id)
+
+    def _answer_control(self, command: ControlRequest, sender) -> None:
+        """Control thread: abort if asked, wait, answer with the ledger's entries."""
+        try:
+            if command.abort:
+                for request_id in command.request_ids:
+                    self._loop.abort(request_id)
+            usage = self._ledger.wait(command.request_ids, command.wait_s)
+            output = pb_utils.Tensor("control_output", np.array([control_reply(usage)], dtype=np.object_))
+            final = pb_utils.Tensor("final", np.array([True], dtype=np.bool_))
+            sender.send(pb_utils.InferenceResponse(output_tensors=[output, final]),
+                        flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        except Exception as exc:  # noqa: BLE001 - answer every request with a final response
+            _log.exception("control request failed")
+            _send_error(sender, f"{error_messages.REQUEST_FAILED} {exc!r}", pb_utils.TritonError.INTERNAL)
 
     def _forget(self, request_id: str) -> None:
         with self._streams_lock:

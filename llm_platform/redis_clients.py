@@ -1,0 +1,55 @@
+"""Every Redis client of the platform, built one way: bounded in time and in connections.
+
+- `socket_connect_timeout` / `socket_timeout` (REDIS_CONNECT_TIMEOUT_SECONDS,
+  REDIS_SOCKET_TIMEOUT_SECONDS): Redis down or hung (SIGSTOP, a partition) fails a command
+  within seconds with `redis.ConnectionError` / `redis.TimeoutError` (both `RedisError`),
+  which the API answers as 503 with Retry-After (inference/views/errors.py). Blocking commands
+  must block for less than the socket timeout.
+- A blocking pool (REDIS_POOL_MAX_SIZE connections per pool): a burst waits up to
+  REDIS_POOL_TIMEOUT_SECONDS for a free connection instead of failing at once with
+  `MaxConnectionsError: Too many connections` (redis-py's default pool raises at 100).
+- One retry on a connection error, none on a timeout: a connection that died while idle (Redis
+  restarted) is replaced transparently, so service comes back by itself when Redis does; a hung
+  Redis costs one socket timeout, not several.
+"""
+from __future__ import annotations
+
+import redis
+import redis.asyncio as aioredis
+from django.conf import settings
+from redis.backoff import NoBackoff
+
+
+def connection_options() -> dict:
+    """Keyword arguments for any redis-py pool or client (sync or asyncio)."""
+    return {
+        "socket_timeout": settings.REDIS_SOCKET_TIMEOUT_SECONDS,
+        "socket_connect_timeout": settings.REDIS_CONNECT_TIMEOUT_SECONDS,
+        "health_check_interval": 30,
+    }
+
+
+def async_redis(url: str | None = None, max_connections: int | None = None) -> aioredis.Redis:
+    """An asyncio client owning its own blocking pool (belongs to the running event loop)."""
+    from redis.asyncio.retry import Retry
+
+    pool = aioredis.BlockingConnectionPool.from_url(
+        url or settings.REDIS_URL,
+        max_connections=max_connections or settings.REDIS_POOL_MAX_SIZE,
+        timeout=settings.REDIS_POOL_TIMEOUT_SECONDS,
+        retry=Retry(NoBackoff(), 1, supported_errors=(redis.ConnectionError,)),
+        **connection_options())
+    return aioredis.Redis.from_pool(pool)
+
+
+def sync_redis(url: str | None = None, max_connections: int | None = None) -> redis.Redis:
+    """A synchronous client owning its own blocking pool (Celery tasks, admin, commands)."""
+    from redis.retry import Retry
+
+    pool = redis.BlockingConnectionPool.from_url(
+        url or settings.REDIS_URL,
+        max_connections=max_connections or settings.REDIS_POOL_MAX_SIZE,
+        timeout=settings.REDIS_POOL_TIMEOUT_SECONDS,
+        retry=Retry(NoBackoff(), 1, supported_errors=(redis.ConnectionError,)),
+        **connection_options())
+    return redis.Redis.from_pool(pool)
