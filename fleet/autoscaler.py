@@ -13,7 +13,7 @@ from datetime import datetime, timedelta
 
 from django.db import transaction
 
-from fleet import load_readings as fleet_signals
+from fleet import load_readings
 from fleet.scaling_decision import Decision, PolicyView, decide
 from fleet.dispatch import Dispatcher
 from billing.selectors import MissingPrice
@@ -39,15 +39,15 @@ def autoscale_version(policy_id: int, now: datetime, ctx: FleetContext) -> Scali
                   .select_related("model_version").filter(pk=policy_id, enabled=True).first())
         if policy is None:
             return None
-        arrivals = fleet_signals.count_arrivals(ctx.redis, ctx.key_prefix, policy.model_version_id,
+        arrivals = load_readings.count_arrivals(ctx.redis, ctx.key_prefix, policy.model_version_id,
                                                 now.timestamp())
         if arrivals[1] > 0:
             RateSample.objects.create(model_version_id=policy.model_version_id, at=now,
                                       window_s=arrivals[1], num_requests=arrivals[0])
-        signals, outstanding = fleet_signals.signals(policy, now, ctx.redis, ctx.key_prefix,
+        signals, outstanding = load_readings.signals(policy, now, ctx.redis, ctx.key_prefix,
                                                      ctx.tick_s, arrivals)
         decision = decide(PolicyView.from_policy(policy), signals, now.timestamp(),
-                          fleet_signals.history(policy, now))
+                          load_readings.history(policy, now))
         decision = _act(policy, decision, now, ctx, outstanding)
         row = ScalingDecision.objects.create(
             model_version_id=policy.model_version_id, at=now, action=decision.action,
@@ -58,7 +58,7 @@ def autoscale_version(policy_id: int, now: datetime, ctx: FleetContext) -> Scali
                                        action=ScalingDecision.Action.HOLD,
                                        at__lt=now - DECISION_RETENTION).delete()
         RateSample.objects.filter(model_version_id=policy.model_version_id, at__lt=now - timedelta(
-            seconds=policy.forecast_period_s * (fleet_signals.FORECAST_PERIODS + 1))).delete()
+            seconds=policy.forecast_period_s * (load_readings.FORECAST_PERIODS + 1))).delete()
     return row
 
 
