@@ -8,6 +8,7 @@ Blocking work (waiting for a restarted process) runs in a thread, so the load go
 from __future__ import annotations
 
 import asyncio
+import re
 import signal
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable
@@ -26,6 +27,7 @@ class FaultContext:
     ledger: CounterLedger
     clock: Callable[[], float]
     redis_pause_s: float = 5.0
+    api_log_offset: int = 0
     background: list[asyncio.Task] = field(default_factory=list)
 
 
@@ -47,9 +49,11 @@ async def replica_kill(ctx: FaultContext) -> dict:
 
 async def poison_request(ctx: FaultContext) -> dict:
     """One request whose sampling parameters are extreme (temperature 1e-45, top_p 1e-45; the
-    API has no top_k). Its own outcome is reported here, not among the load's requests. Then
-    each replica's readiness is read, and again `--settle-s` later in the report."""
+    API has no top_k). Its own outcome is reported here, not among the load's requests, with
+    each replica's Triton readiness right after. Nothing is restarted here: see
+    `heal_after_poison`, run once the settle time has passed."""
     at = ctx.clock()
+    ctx.api_log_offset = _size(ctx.stack.api.log_path)
     record = await ctx.load.send(0, kind="poison", **POISON)
     ready = await asyncio.to_thread(_replicas_ready, ctx.stack)
     return {"at_s": at, "restored_after_s": None,
@@ -58,6 +62,49 @@ async def poison_request(ctx: FaultContext) -> dict:
                         "output_tokens": record.output_tokens,
                         "seconds": round(record.latency, 3),
                         "replicas_ready_after": ready}}
+
+
+async def heal_after_poison(ctx: FaultContext, fault: dict, window_requests: int) -> dict | None:
+    """What an operator does when requests still fail once the settle time is over: restart
+    the replicas the API's log names as failed since the poison (every replica when it names
+    none). Returns what was done, or None when the last `window_requests` load requests
+    completed (nothing to heal). The restart counts against this fault's recovery."""
+    recent = [r for r in ctx.load.records
+              if r.kind == "load" and r.start >= fault["at_s"] and r.outcome != "in_flight"]
+    recent = sorted(recent, key=lambda r: r.start)[-window_requests:]
+    if recent and all(r.outcome == "completed" for r in recent):
+        return None
+    text = _read_from(ctx.stack.api.log_path, ctx.api_log_offset)
+    named = set(re.findall(r"replica (\S+) failed", text))
+    broken = [r for r in ctx.stack.replicas if r.grpc_address in named] or ctx.stack.replicas
+    at = ctx.clock()
+    for replica in broken:
+        await asyncio.to_thread(ctx.ledger.close_incarnation, replica)
+        await asyncio.to_thread(replica.sigkill_server)
+    load_s = await asyncio.gather(*(asyncio.to_thread(ctx.stack.restart_replica, r)
+                                    for r in broken))
+    for replica in broken:
+        await asyncio.to_thread(ctx.ledger.open_incarnation, replica)
+    return {"at_s": round(at, 2), "replicas": [r.index for r in broken],
+            "named_in_api_log": sorted(named), "took_s": round(ctx.clock() - at, 2),
+            "model_load_s": [round(s, 2) for s in load_s],
+            "why": "load requests were still failing at the end of the settle time"}
+
+
+def _size(path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def _read_from(path, offset: int) -> str:
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(offset)
+            return fh.read().decode(errors="replace")
+    except OSError:
+        return ""
 
 
 async def api_kill(ctx: FaultContext) -> dict:

@@ -13,8 +13,10 @@ import subprocess
 import time
 import uuid
 
+import psutil
+
 from benchmarks.chaos.counters import CounterLedger, read_activity
-from benchmarks.chaos.faults import FAULTS, FaultContext
+from benchmarks.chaos.faults import FAULTS, FaultContext, heal_after_poison
 from benchmarks.chaos.load import LoadClient
 from benchmarks.chaos.report import outcome_counts, summarize
 from benchmarks.chaos.stack import MODEL, SMOLLM2, Stack
@@ -154,6 +156,13 @@ async def drive(stack: Stack, ledger: CounterLedger, keys: list[str], args) -> d
         # the part back (a replica's restart can take longer than the settle time).
         now = load.clock()
         await asyncio.sleep(max(started + args.settle_s, now + args.min_settle_s) - now)
+        if name == "poison_request":
+            healed = await heal_after_poison(ctx, result, args.window_requests)
+            if healed is not None:
+                result["details"]["operator_restart"] = healed
+                log(f"requests still failing after the poison: the harness restarted replicas "
+                    f"{healed['replicas']} ({healed['took_s']:.1f} s)")
+                await asyncio.sleep(args.min_settle_s)
     load_end = load.clock()
     stop.set()
     await generator
@@ -180,6 +189,17 @@ def wait_replicas_idle(stack: Stack, deadline_s: float = 120.0) -> bool:
             pass
         time.sleep(0.5)
     return False
+
+
+def alive(pids: dict[str, list[int]]) -> list[int]:
+    out = []
+    for pid in (p for group in pids.values() for p in group):
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                out.append(pid)
+        except psutil.Error:
+            pass
+    return out
 
 
 def machine() -> dict:
@@ -213,6 +233,7 @@ def run(args) -> dict:
         dead = dead_letters(stack.redis_url, stream_key)
     finally:
         stack.stop()
+    still_alive = alive(stack.started_pids())
     computed = ledger.totals()
     computed_tokens = computed["prompt_tokens"] + computed["generated_tokens"]
     billed_tokens = usage["input_tokens"] + usage["output_tokens"]
@@ -220,6 +241,7 @@ def run(args) -> dict:
     return {
         "benchmark": "chaos",
         "mode": "smoke" if args.smoke else "full",
+        "run_id": stack.run_id,
         **{k: summary[k] for k in ("sent", "accepted", "completed", "failed_with_error",
                                    "cut_by_crash", "lost", "refused_api_down")},
         "computed_tokens": computed_tokens,
@@ -253,6 +275,8 @@ def run(args) -> dict:
                     "stopped (fast shutdown) and started again; Redis is SIGSTOPped then "
                     "SIGCONTed. No node agent, autoscaler, Celery worker or beat runs, so no "
                     "health check marks anything failed."),
+        "processes_started": stack.started_pids(),
+        "processes_alive_after_stop": still_alive,
         "settings": {k: v for k, v in vars(args).items() if k != "out"},
         "machine": machine(),
         "wall_s": round(time.monotonic() - started, 1),

@@ -71,6 +71,7 @@ class Managed:
     run_as: dict = field(default_factory=dict)
     popen: subprocess.Popen | None = None
     starts: int = 0
+    pids: list[int] = field(default_factory=list)  # every start's group leader
 
     def start(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -82,6 +83,7 @@ class Managed:
                                       **self.run_as)
         log.close()
         self.starts += 1
+        self.pids.append(self.popen.pid)
 
     @property
     def pid(self) -> int:
@@ -347,8 +349,16 @@ class Stack:
             self.wait_replica_ready(replica)
 
     def wait_replica_ready(self, replica: Replica, deadline_s: float = 900) -> float:
-        return _wait(lambda: _http_ok(replica.ready_url) and replica.server_pid() is not None,
+        took = _wait(lambda: _http_ok(replica.ready_url) and replica.server_pid() is not None,
                      f"replica {replica.index} ready", deadline_s, replica.proc)
+        replica.proc.pids.append(replica.server_pid())
+        return took
+
+    def started_pids(self) -> dict[str, list[int]]:
+        """Every process group leader this stack started (tritonservers included)."""
+        procs = [self.postgres.proc if self.postgres else None, self.redis, self.api,
+                 self.billing, *(r.proc for r in self.replicas)]
+        return {p.name: list(p.pids) for p in procs if p is not None}
 
     def restart_replica(self, replica: Replica) -> float:
         """As an operator (or a process supervisor) would: the same command on the same ports;
