@@ -13,9 +13,11 @@ import signal
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable
 
-from benchmarks.chaos.counters import CounterLedger
+import httpx
+
+from benchmarks.chaos.counters import CounterLedger, read_activity, read_counters
 from benchmarks.chaos.load import Crash, LoadClient
-from benchmarks.chaos.stack import Stack
+from benchmarks.chaos.stack import Replica, Stack
 
 POISON = {"temperature": 1e-45, "top_p": 1e-45}
 
@@ -32,9 +34,12 @@ class FaultContext:
 
 
 async def replica_kill(ctx: FaultContext) -> dict:
-    """SIGKILL the last replica's tritonserver (its counters read just before), then restart
-    it on the same ports; its registry row is left as it was (ready, same address)."""
-    replica = ctx.stack.replicas[-1]
+    """SIGKILL the tritonserver of the busiest replica (most sequences running or waiting, then
+    most tokens generated: killing an idle one would test nothing), its counters read just
+    before; then restart it on the same ports; its registry row is left as it was (ready, same
+    address)."""
+    replica = await asyncio.to_thread(_busiest, ctx.stack)
+    before_activity = await asyncio.to_thread(read_activity, replica)
     before = await asyncio.to_thread(ctx.ledger.close_incarnation, replica)
     at = ctx.clock()
     await asyncio.to_thread(replica.sigkill_server)
@@ -43,6 +48,7 @@ async def replica_kill(ctx: FaultContext) -> dict:
     await asyncio.to_thread(ctx.ledger.open_incarnation, replica)
     return {"at_s": at, "restored_after_s": ctx.clock() - at,
             "details": {"replica": replica.index, "launcher_exit_code": exit_code,
+                        "running_or_waiting_at_kill": before_activity,
                         "counters_before_kill": before, "model_load_s": round(ready_s, 2),
                         "restarted_by": "the harness (same command, same ports)"}}
 
@@ -154,9 +160,16 @@ async def billing_kill(ctx: FaultContext) -> dict:
             "details": {"restarted_by": "the harness, at once (a supervisor)"}}
 
 
-def _replicas_ready(stack: Stack) -> list[bool]:
-    import httpx
+def _busiest(stack: Stack) -> Replica:
+    def load(replica: Replica) -> tuple[int, int]:
+        try:
+            return read_activity(replica), read_counters(replica)["generated_tokens"]
+        except httpx.HTTPError:
+            return -1, -1
+    return max(stack.replicas, key=load)
 
+
+def _replicas_ready(stack: Stack) -> list[bool]:
     out = []
     for replica in stack.replicas:
         try:

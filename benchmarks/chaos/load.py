@@ -102,8 +102,10 @@ class LoadClient:
     def body(self, record: Record, **overrides) -> dict:
         subject = SUBJECTS[hash(record.name) % len(SUBJECTS)]
         body = {"model": MODEL, "max_tokens": self.max_tokens, "temperature": 0.0,
+                # The request's own number comes first: its first KV block is unique.
                 "messages": [{"role": "system", "content":
-                              f"Request {record.name}. You answer in one short sentence."},
+                              f"{record.name.split('-', 1)[1]} of run {record.name.split('-')[0]}:"
+                              " you answer in one short sentence."},
                              {"role": "user", "content": f"Say something about {subject}."}]}
         body.update(overrides)
         return body

@@ -85,6 +85,10 @@ def summarize(records, faults: list[dict], load_end: float, window_requests: int
         "recovery_s": {f["fault"]: f["recovery_s"] for f in per_fault},
         "faults": per_fault,
         "lost_examples": [_example(r) for r in load if r.outcome == "lost"][:20],
+        # Every load request: [name, sent at s, ended at s, outcome, HTTP status, first token s]
+        "timeline": [[r.name, round(r.start, 2), round(r.end, 2), r.outcome, r.status,
+                      round(r.first_token - r.start, 2) if r.first_token >= 0 else None]
+                     for r in sorted(load, key=lambda r: r.start)],
         "failed_with_error_kinds": dict(Counter(
             f"{r.status or 'sse'} {r.error_code}".strip() for r in load
             if r.outcome == "failed_with_error")),

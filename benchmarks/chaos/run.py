@@ -247,6 +247,10 @@ def run(args) -> dict:
         "computed_tokens": computed_tokens,
         "billed_tokens": billed_tokens,
         "billed_minus_computed": billed_tokens - computed_tokens,
+        # Prompt tokens served from a replica's prefix cache are billed (input_tokens includes
+        # them) but not in replica_prompt_tokens_total; the load's prompts are unique from their
+        # first KV block, so this equals billed_tokens unless a retry or the poison hit a cache.
+        "billed_uncached_tokens": billed_tokens - usage["cached_tokens"],
         "recovery_s": recoveries,
         "targets": {"lost": 0, "billed_tokens": "== computed_tokens",
                     "recovery_s": f"<= {args.target_recovery_s:g} for every fault"},
@@ -268,6 +272,7 @@ def run(args) -> dict:
         "failed_with_error_kinds": summary["failed_with_error_kinds"],
         "lost_examples": summary["lost_examples"],
         "cut_by_crash_retry_details": summary["cut_by_crash_retry_details"],
+        "timeline": summary["timeline"],
         "harness": ("The harness restarts what it kills, as an operator or a process supervisor "
                     "would: a replica's tritonserver is SIGKILLed and `python -m replica.launch` "
                     "started again on the same ports (its registry row untouched); daphne and the "
