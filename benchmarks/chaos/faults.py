@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import re
 import signal
+import time
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable
 
@@ -29,16 +30,17 @@ class FaultContext:
     ledger: CounterLedger
     clock: Callable[[], float]
     redis_pause_s: float = 5.0
+    busy_wait_s: float = 15.0
     api_log_offset: int = 0
     background: list[asyncio.Task] = field(default_factory=list)
 
 
 async def replica_kill(ctx: FaultContext) -> dict:
     """SIGKILL the tritonserver of the busiest replica (most sequences running or waiting, then
-    most tokens generated: killing an idle one would test nothing), its counters read just
-    before; then restart it on the same ports; its registry row is left as it was (ready, same
+    most tokens generated; waiting up to `busy_wait_s` for one with a sequence in flight:
+    killing an idle one tests little), its counters read just before; then restart it on the same ports; its registry row is left as it was (ready, same
     address)."""
-    replica = await asyncio.to_thread(_busiest, ctx.stack)
+    replica = await asyncio.to_thread(_busiest, ctx.stack, ctx.busy_wait_s)
     before_activity = await asyncio.to_thread(read_activity, replica)
     before = await asyncio.to_thread(ctx.ledger.close_incarnation, replica)
     at = ctx.clock()
@@ -160,13 +162,21 @@ async def billing_kill(ctx: FaultContext) -> dict:
             "details": {"restarted_by": "the harness, at once (a supervisor)"}}
 
 
-def _busiest(stack: Stack) -> Replica:
+def _busiest(stack: Stack, wait_s: float) -> Replica:
+    """The replica with the most sequences running or waiting (then the most tokens
+    generated), waiting up to `wait_s` for one that has a sequence at all."""
     def load(replica: Replica) -> tuple[int, int]:
         try:
             return read_activity(replica), read_counters(replica)["generated_tokens"]
         except httpx.HTTPError:
             return -1, -1
-    return max(stack.replicas, key=load)
+    end = time.monotonic() + wait_s
+    while True:
+        loads = {r.index: load(r) for r in stack.replicas}
+        best = max(stack.replicas, key=lambda r: loads[r.index])
+        if loads[best.index][0] > 0 or time.monotonic() >= end:
+            return best
+        time.sleep(0.05)
 
 
 def _replicas_ready(stack: Stack) -> list[bool]:

@@ -4,7 +4,8 @@ Recovery of one fault: the baseline is the load before the first fault (complete
 median latency, `baseline_p50_s`). After the fault is injected at t0, a run of
 `window_requests` consecutive requests (in send order; the load is open loop at a steady rate,
 so that is a stretch of time) is *normal* when every one of them completed and their median
-latency is at most 2 x baseline_p50_s + 0.5 s. recovery_s = (send time of the first request of
+latency is at most `slow_factor` (3) x baseline_p50_s + 1 s (this 2-core machine is shared:
+its noise alone moved latencies by 2x in trial runs). recovery_s = (send time of the first request of
 the first normal run) - t0, looking only at requests sent before the next fault (or the end of
 the load); None when no run was normal. So a fault nobody noticed recovers in about one
 inter-arrival time, and a request failing 20 s after the fault pushes recovery past it.
@@ -27,10 +28,10 @@ def baseline_p50(records, until: float) -> float | None:
 
 
 def recovery_s(records, t0: float, t_end: float, baseline: float,
-               window_requests: int) -> float | None:
+               window_requests: int, slow_factor: float = 3.0) -> float | None:
     sent = sorted((r for r in records if r.kind == "load" and t0 <= r.start < t_end),
                   key=lambda r: r.start)
-    bound = 2 * baseline + 0.5
+    bound = slow_factor * baseline + 1.0
     for i in range(len(sent) - window_requests + 1):
         window = sent[i:i + window_requests]
         if all(r.outcome == "completed" for r in window) and \
@@ -45,7 +46,7 @@ def outcome_counts(records) -> dict[str, int]:
 
 
 def summarize(records, faults: list[dict], load_end: float, window_requests: int,
-              target_recovery_s: float) -> dict:
+              target_recovery_s: float, slow_factor: float = 3.0) -> dict:
     """The request side of the report: totals, per-fault recovery and outcomes, examples."""
     load = [r for r in records if r.kind == "load"]
     counts = outcome_counts(load)
@@ -58,7 +59,7 @@ def summarize(records, faults: list[dict], load_end: float, window_requests: int
     for i, fault in enumerate(faults):
         t0 = fault["at_s"]
         t_end = faults[i + 1]["at_s"] if i + 1 < len(faults) else load_end
-        rec = (recovery_s(load, t0, t_end, base, window_requests)
+        rec = (recovery_s(load, t0, t_end, base, window_requests, slow_factor)
                if base is not None else None)
         ended = [r for r in load if t0 <= r.end < t_end]
         per_fault.append({

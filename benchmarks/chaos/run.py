@@ -171,7 +171,7 @@ async def drive(stack: Stack, ledger: CounterLedger, keys: list[str], args) -> d
     reporter.cancel()
     await load.aclose()
     summary = summarize(load.records, faults, load_end, args.window_requests,
-                        args.target_recovery_s)
+                        args.target_recovery_s, args.slow_factor)
     summary["load"] = {"rate_per_s": round(rate, 3), "single_request_s": round(service_s, 3),
                        "capacity_estimate_per_s": round(capacity, 3),
                        "load_seconds": round(load_end - load_start, 1),
@@ -320,6 +320,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="at least this long after the harness restored the part")
     parser.add_argument("--window-requests", type=int, default=5,
                         help="consecutive normal requests that mark a recovery")
+    parser.add_argument("--slow-factor", type=float, default=3.0,
+                        help="a normal run's median latency is at most this x the baseline + 1 s")
     parser.add_argument("--target-recovery-s", type=float, default=30.0)
     parser.add_argument("--hang-bound-s", type=float, default=90.0,
                         help="a request not ended after this long is lost")
