@@ -21,7 +21,6 @@ Outcomes (one per request):
 from __future__ import annotations
 
 import asyncio
-import time
 from dataclasses import dataclass, field
 
 import httpx

