@@ -62,6 +62,8 @@ def summarize(records, faults: list[dict], load_end: float, window_requests: int
         rec = (recovery_s(load, t0, t_end, base, window_requests, slow_factor)
                if base is not None else None)
         ended = [r for r in load if t0 <= r.end < t_end]
+        # The stall a fault causes shows here even when recovery_s (a run's median) is small.
+        done_after = [r.latency for r in ended if r.outcome == "completed"]
         per_fault.append({
             "fault": fault["fault"], "at_s": round(t0, 2),
             "restored_after_s": (round(fault["restored_after_s"], 2)
@@ -69,6 +71,9 @@ def summarize(records, faults: list[dict], load_end: float, window_requests: int
             "recovery_s": rec,
             "recovered_within_target": rec is not None and rec <= target_recovery_s,
             "requests_ended_until_next_fault": outcome_counts(ended),
+            "latency_of_those_completed_s": {
+                "p50": round(median(done_after), 2) if done_after else None,
+                "max": round(max(done_after), 2) if done_after else None},
             "details": fault.get("details", {}),
         })
     return {

@@ -68,5 +68,6 @@ def test_summary_counts_every_sent_request_once_and_refusals_are_not_accepted():
     assert (out["sent"], out["accepted"]) == (23, 22)
     assert (out["completed"], out["cut_by_crash"], out["lost"]) == (20, 1, 1)
     assert out["recovery_s"] == {"api_kill": 3.0}
+    assert out["faults"][0]["latency_of_those_completed_s"] == {"p50": 1.0, "max": 1.0}
     assert out["cut_by_crash_retries"] == {"not retried": 1}
     assert out["lost_examples"][0]["detail"] == "no end within 90 s"
