@@ -1,5 +1,8 @@
 """The C decode-attention kernel (csrc/paged_attention.c), compiled once per machine and source.
 
+It reads K/V pools of float32, bfloat16 or float16 (`KV_DTYPES`) where they lie and computes in
+float32; queries go in as float32 and the output comes back in the query's dtype.
+
 Compiled with the system C compiler into a cache folder keyed by the source hash; loaded with
 ctypes (calls release the GIL). Where no compiler is found or the build fails, `load()` returns
 None and the runner keeps the PyTorch path, so nothing depends on it being there.
@@ -20,7 +23,10 @@ import torch
 log = logging.getLogger(__name__)
 
 _SOURCE = Path(__file__).parent / "csrc" / "paged_attention.c"
-_FLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp", "-shared", "-fPIC"]
+# not -ffast-math: it assumes no infinities; these allow vectorised reductions and nothing more
+_FLAGS = ["-O3", "-march=native", "-fno-math-errno", "-fno-trapping-math", "-fno-signed-zeros",
+          "-fassociative-math", "-fopenmp", "-shared", "-fPIC"]
+KV_DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 
 
 def _cache_dir() -> Path:
@@ -48,20 +54,30 @@ def _build(target: Path) -> bool:
 class NativeAttention:
     def __init__(self, lib: ctypes.CDLL) -> None:
         fn = lib.paged_decode_attention
-        fn.restype = None
-        fn.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 6 + [ctypes.c_float]
+        fn.restype = ctypes.c_int
+        fn.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 6 + [ctypes.c_float] + [ctypes.c_int64] * 2
         self._fn = fn
+
+    @staticmethod
+    def supports(kv_dtype: torch.dtype) -> bool:
+        return kv_dtype in KV_DTYPES
 
     def decode(self, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
                block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float) -> torch.Tensor:
-        # q: [B, nh, hd] float32 contiguous; pools: [num_blocks, bs, kvh, hd]; -> [B, nh, hd]
-        q = q.contiguous()
-        out = torch.empty_like(q)
+        """q: [B, nh, hd]; pools: [num_blocks, bs, kvh, hd] contiguous, one of KV_DTYPES;
+        block_tables: [B, max_blocks] int64 (entries past a sequence's blocks are not read);
+        context_lens: [B] int64. -> [B, nh, hd] in q's dtype."""
+        q32 = q.to(torch.float32).contiguous()
+        out = torch.empty_like(q32)
         b, nh, hd = q.shape
         _, bs, kvh, _ = k_pool.shape
-        self._fn(q.data_ptr(), k_pool.data_ptr(), v_pool.data_ptr(), block_tables.data_ptr(),
-                 context_lens.data_ptr(), out.data_ptr(), b, nh, kvh, hd, bs, block_tables.shape[1], scale)
-        return out
+        status = self._fn(q32.data_ptr(), k_pool.data_ptr(), v_pool.data_ptr(), block_tables.data_ptr(),
+                          context_lens.data_ptr(), out.data_ptr(), b, nh, kvh, hd, bs, block_tables.shape[1],
+                          scale, KV_DTYPES[k_pool.dtype], torch.get_num_threads())
+        if status != 0:
+            raise ValueError(f"paged_decode_attention: shape out of the kernel's limits (nh={nh}, kvh={kvh}, "
+                             f"hd={hd}, block_size={bs})")
+        return out.to(q.dtype)
 
 
 def load() -> NativeAttention | None:
