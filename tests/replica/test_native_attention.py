@@ -8,9 +8,10 @@ from replica.engine.runner import native
 from replica.engine.runner.attention import AttentionMetadata, paged_attention
 
 
-@pytest.fixture(scope="module")
-def kernel():
-    k = native.load()
+@pytest.fixture(scope="module", params=[False, True], ids=["best", "portable"])
+def kernel(request):
+    """The kernel as the engine loads it (AVX-512 where the CPU has it) and its portable build."""
+    k = native.load(portable=request.param)
     if k is None:
         pytest.skip("no C compiler here: the engine runs the PyTorch path (tested elsewhere)")
     return k

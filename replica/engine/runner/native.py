@@ -34,7 +34,7 @@ def _cache_dir() -> Path:
     return Path(root) / "native"
 
 
-def _build(target: Path) -> bool:
+def _build(target: Path, flags: list[str]) -> bool:
     cc = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
     if cc is None:
         log.warning("no C compiler found; decode attention uses the PyTorch path")
@@ -42,7 +42,7 @@ def _build(target: Path) -> bool:
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         tmp_out = Path(tmp) / target.name
-        result = subprocess.run([cc, *_FLAGS, str(_SOURCE), "-o", str(tmp_out), "-lm"],
+        result = subprocess.run([cc, *flags, str(_SOURCE), "-o", str(tmp_out), "-lm"],
                                 capture_output=True, text=True)
         if result.returncode != 0:
             log.warning("building %s failed; decode attention uses the PyTorch path:\n%s", _SOURCE.name, result.stderr)
@@ -80,13 +80,16 @@ class NativeAttention:
         return out.to(q.dtype)
 
 
-def load() -> NativeAttention | None:
+def load(portable: bool = False) -> NativeAttention | None:
+    """The kernel, built on first use; None where it cannot be built (or LLM_PLATFORM_NO_NATIVE
+    is set). `portable`: without the AVX-512 code path (tests compare both)."""
     if os.environ.get("LLM_PLATFORM_NO_NATIVE"):
         return None
+    flags = _FLAGS + (["-DNATIVE_PORTABLE"] if portable else [])
     source = _SOURCE.read_bytes()
-    key = hashlib.sha256(source + " ".join(_FLAGS).encode()).hexdigest()[:16]
+    key = hashlib.sha256(source + " ".join(flags).encode()).hexdigest()[:16]
     target = _cache_dir() / f"paged_attention-{key}.so"
-    if not target.exists() and not _build(target):
+    if not target.exists() and not _build(target, flags):
         return None
     try:
         return NativeAttention(ctypes.CDLL(str(target)))

@@ -11,6 +11,11 @@
  *   k/v pools    [num_blocks, block_size, kvh, hd] in float32, bfloat16 or float16 (kv_dtype)
  *   block_tables [B, max_blocks] int64;  context_lens [B] int64
  *
+ * Two implementations of the same arithmetic: an AVX-512 one (head dim a multiple of 16, when
+ * the compiler targets AVX-512: 16-lane loads that widen bfloat16/float16, a vector exp, tokens in
+ * chunks of 16) and a portable one the compiler vectorises as it can (any head dim, any CPU);
+ * -DNATIVE_PORTABLE (native.load(portable=True)) builds the portable one alone, for its tests.
+ *
  * Arithmetic: every K/V element is widened to float32 exactly (bfloat16 and float16 are subsets
  * of float32), dot products, softmax and the weighted sum run in float32. Softmax is computed
  * block by block with a running maximum (one rescale of the accumulator per block, not per
@@ -61,6 +66,104 @@ static inline void widen(const void *pool, int64_t offset, int64_t n, int kv_dty
     }
 }
 
+#if defined(__AVX512F__) && !defined(NATIVE_PORTABLE)
+#include <immintrin.h>
+#define HAVE_AVX512 1
+
+/* 16 pool values at `offset` (of a compile-time kv dtype once inlined) -> float32, exactly */
+static inline __attribute__((always_inline)) __m512 load16(const void *pool, int64_t offset, int kv_dtype) {
+    if (kv_dtype == KV_F32) return _mm512_loadu_ps((const float *)pool + offset);
+    const __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)pool + offset));
+    if (kv_dtype == KV_BF16) return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    return _mm512_cvtph_ps(h);
+}
+
+/* exp on 16 lanes (Cephes' expf: range reduction by ln 2, degree-6 polynomial; within 2 ulp of
+ * expf over the range softmax uses, x <= 0) */
+static inline __m512 exp16(__m512 x) {
+    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    return _mm512_scalef_ps(p, n);
+}
+
+/* One (sequence, kv head) pair, hd a multiple of 16: tokens in chunks of up to 16 (never across
+ * a block boundary), a chunk's scores one vector per query head, one rescale per chunk. */
+static inline __attribute__((always_inline)) void attend_avx512(
+        const float *qg, const void *k_pool, const void *v_pool, const int64_t *table, int64_t len,
+        int64_t group, int64_t hd, int64_t kh, int64_t block_size, int64_t token_stride, float scale,
+        float *og, int kv_dtype) {
+    const int64_t nv = hd / 16;
+    __m512 qv[MAX_GROUP][MAX_HD / 16], acc[MAX_GROUP][MAX_HD / 16];
+    float m[MAX_GROUP], l[MAX_GROUP];
+    float sc[MAX_GROUP][16] __attribute__((aligned(64)));
+    for (int64_t g = 0; g < group; g++) {
+        for (int64_t j = 0; j < nv; j++) {
+            qv[g][j] = _mm512_mul_ps(_mm512_loadu_ps(qg + g * hd + 16 * j), _mm512_set1_ps(scale));
+            acc[g][j] = _mm512_setzero_ps();
+        }
+        m[g] = 0.f;
+        l[g] = 0.f;
+    }
+    for (int64_t start = 0; start < len;) {
+        const int64_t in_block = start % block_size;
+        int64_t n = block_size - in_block;
+        if (n > 16) n = 16;
+        if (n > len - start) n = len - start;
+        const int64_t base = (table[start / block_size] * block_size + in_block) * token_stride + kh * hd;
+        for (int64_t t = 0; t < n; t++) {
+            const int64_t row = base + t * token_stride;
+            for (int64_t g = 0; g < group; g++) {
+                __m512 dot = _mm512_mul_ps(qv[g][0], load16(k_pool, row, kv_dtype));
+                for (int64_t j = 1; j < nv; j++)
+                    dot = _mm512_fmadd_ps(qv[g][j], load16(k_pool, row + 16 * j, kv_dtype), dot);
+                sc[g][t] = _mm512_reduce_add_ps(dot);
+            }
+        }
+        const __mmask16 valid = (__mmask16)((1u << n) - 1u);
+        for (int64_t g = 0; g < group; g++) {
+            const __m512 s = _mm512_maskz_loadu_ps(valid, sc[g]);
+            float chunk_max = _mm512_mask_reduce_max_ps(valid, s);
+            if (start && m[g] > chunk_max) chunk_max = m[g];
+            const __m512 p = _mm512_maskz_mov_ps(valid, exp16(_mm512_sub_ps(s, _mm512_set1_ps(chunk_max))));
+            _mm512_store_ps(sc[g], p);
+            if (start) {
+                const float correction = expf(m[g] - chunk_max);
+                l[g] *= correction;
+                if (correction != 1.f)
+                    for (int64_t j = 0; j < nv; j++) acc[g][j] = _mm512_mul_ps(acc[g][j], _mm512_set1_ps(correction));
+            }
+            l[g] += _mm512_reduce_add_ps(p);
+            m[g] = chunk_max;
+        }
+        for (int64_t t = 0; t < n; t++) {
+            const int64_t row = base + t * token_stride;
+            for (int64_t j = 0; j < nv; j++) {
+                const __m512 v = load16(v_pool, row + 16 * j, kv_dtype);
+                for (int64_t g = 0; g < group; g++)
+                    acc[g][j] = _mm512_fmadd_ps(_mm512_set1_ps(sc[g][t]), v, acc[g][j]);
+            }
+        }
+        start += n;
+    }
+    for (int64_t g = 0; g < group; g++) {
+        const __m512 inv = _mm512_set1_ps(l[g] > 0.f ? 1.f / l[g] : 0.f);
+        for (int64_t j = 0; j < nv; j++) _mm512_storeu_ps(og + g * hd + 16 * j, _mm512_mul_ps(acc[g][j], inv));
+    }
+}
+#else
+#define HAVE_AVX512 0
+#endif
+
 /* Returns 0, or -1 when a dimension exceeds the stack buffers (the caller then uses PyTorch). */
 int paged_decode_attention(const float *q, const void *k_pool, const void *v_pool,
                            const int64_t *block_tables, const int64_t *context_lens,
@@ -73,6 +176,20 @@ int paged_decode_attention(const float *q, const void *k_pool, const void *v_poo
 #pragma omp parallel for collapse(2) schedule(dynamic, 1) num_threads(num_threads)
     for (int64_t b = 0; b < B; b++) {
         for (int64_t kh = 0; kh < kvh; kh++) {
+#if HAVE_AVX512
+            if (hd % 16 == 0) {
+                const float *qa = q + (b * nh + kh * group) * hd;
+                float *oa = out + (b * nh + kh * group) * hd;
+                const int64_t *ta = block_tables + b * max_blocks;
+                if (kv_dtype == KV_BF16)
+                    attend_avx512(qa, k_pool, v_pool, ta, context_lens[b], group, hd, kh, block_size, token_stride, scale, oa, KV_BF16);
+                else if (kv_dtype == KV_F16)
+                    attend_avx512(qa, k_pool, v_pool, ta, context_lens[b], group, hd, kh, block_size, token_stride, scale, oa, KV_F16);
+                else
+                    attend_avx512(qa, k_pool, v_pool, ta, context_lens[b], group, hd, kh, block_size, token_stride, scale, oa, KV_F32);
+                continue;
+            }
+#endif
             float kf[MAX_HD], vf[MAX_HD];
             float scores[MAX_GROUP][MAX_BS];
             float acc[MAX_GROUP][MAX_HD];
