@@ -20,10 +20,11 @@ def test_quantization_reaches_the_launcher(stored, passed, engine):
     assert command[command.index("--metrics-port") + 1] == "3"
 
 
-def test_int4_is_refused_by_the_launcher():
+def test_int4_reaches_the_launcher_and_unknown_values_are_refused():
     command = launch_command("chat-small", "/w.gguf", "int4", (1, 2, 3), 1, 5.0)
-    with pytest.raises(Exception, match="int4"):
-        quantization_arg(command[command.index("--quantization") + 1])
+    assert quantization_arg(command[command.index("--quantization") + 1]) == "int4"
+    with pytest.raises(Exception, match="fp8"):
+        quantization_arg("fp8")
 
 
 @pytest.mark.parametrize("configured, cpu_slots, threads", [(0, 2, 2), (0, 1, 1), (0, 0, 1), (3, 1, 3)])
