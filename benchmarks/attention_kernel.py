@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import time
 
 import torch
 
+from benchmarks.peer import cpu_model
 from replica.engine.runner import native
 from replica.engine.runner.attention import AttentionMetadata, paged_attention
 
@@ -27,6 +27,7 @@ def main() -> None:
     parser.add_argument("--context", type=int, default=320)
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--out")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.dtype)
@@ -60,13 +61,16 @@ def main() -> None:
     kv_bytes = 2 * args.batch * args.context * kvh * hd * k_pool.element_size()
     result = {
         "dtype": args.dtype, "batch": args.batch, "context": args.context, "threads": args.threads,
-        "cpu": platform.processor() or platform.machine(), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "cpu": cpu_model(), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "kernel_ms": round(med["kernel"], 3), "portable_ms": round(med["portable"], 3), "torch_ms": round(med["torch"], 3),
         "speedup_vs_torch": round(med["torch"] / med["kernel"], 2),
         "speedup_vs_portable": round(med["portable"] / med["kernel"], 2),
         "kernel_kv_gb_per_s": round(kv_bytes / med["kernel"] / 1e6, 1),
     }
     print(json.dumps(result))
+    if args.out:
+        with open(args.out, "w") as fh:
+            json.dump(result, fh, indent=2)
 
 
 if __name__ == "__main__":
