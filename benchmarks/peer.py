@@ -95,14 +95,15 @@ def drive(base_url: str, headers: dict, tokenizer, model: str, args) -> dict:
 def run_ours(tokenizer, args) -> tuple[dict, dict]:
     os.environ.setdefault("ADMISSION_SLOTS_PER_REPLICA", "64")  # c32 must not queue at admission
     fleet = start_fleet("smollm2", database="llm_platform_bench_peer",
-                        replica_args=("--num-threads", str(args.threads)))
+                        replica_args=("--num-threads", str(args.threads), "--quantization", args.quantization))
     try:
         key = subprocess.run([sys.executable, "manage.py", "shell", "-c",
                               f"NAME = 'peer-{uuid.uuid4().hex[:6]}'\n" + CREATE_TENANT],
                              cwd=REPO, env=fleet.env, check=True, capture_output=True, text=True).stdout.split()[-1]
         from benchmarks.fairness import replica_dtype
 
-        info = {"dtype": replica_dtype(fleet.metrics_address), "threads": args.threads}
+        info = {"dtype": replica_dtype(fleet.metrics_address), "threads": args.threads,
+                "quantization": args.quantization}
         return drive(fleet.base_url, {"Authorization": f"Bearer {key}"}, tokenizer, "chat-small", args), info
     finally:
         fleet.stop()
@@ -126,6 +127,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--out", help="write the results as JSON here")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1,
                         help="threads of each server (ours: the replica's torch threads)")
+    parser.add_argument("--quantization", default="int4",
+                        help="our replica's weights: int4 (the file's Q4_1 blocks, as llama-server reads "
+                             "them) | none (dequantised to the dtype) | int8")
     parser.add_argument("--single-requests", type=int, default=4)
     parser.add_argument("--requests-per-stream", type=int, default=2, help="c8 / c32: requests per stream")
     parser.add_argument("--build-only", action="store_true", help="build (or find) llama-server and stop")
