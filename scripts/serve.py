@@ -135,7 +135,7 @@ def main() -> int:
         supervisor.manage("migrate", "--noinput")
         print(supervisor.manage("seeddemo"), flush=True)
         supervisor.start("node-agent", ["manage.py", "nodeagent", "--name", "local", "--zone",
-                                        "local", "--cpu-slots", "1", "--memory-mib", "4096"])
+                                        "local", "--cpu-slots", "2", "--memory-mib", "4096"])
         supervisor.start("daphne", ["-m", "daphne", "-b", args.host, "-p", str(args.port),
                                     "llm_platform.asgi:application"])
         # Usage stream -> PostgreSQL; also replays this host's usage outbox (var/billing-outbox).
