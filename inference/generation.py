@@ -28,6 +28,7 @@ from inference.admission import QueueFull, QueueTimeout, Slot, Waiter
 from inference.container import Container
 from inference.db_connection import release_db_connection
 from inference.errors import InvalidRequest, ModelFailed, ReplicaDied, ReplicaFailed, ServiceUnavailable
+from inference.observability.generation_metrics import observe_generation
 from inference.pipeline import Prepared, record_fallback, retarget
 from inference.quota import settle
 from inference.replica_client import (
@@ -91,6 +92,7 @@ class _Progress:
     final: ReplicaChunk | None = None
     last: ReplicaChunk | None = None
     status: str = UsageRecord.Status.FAILED
+    admitted_at: float | None = None  # when the (last) admission slot was granted
 
 
 def replica_request(prepared: Prepared) -> ReplicaRequest:
@@ -167,6 +169,7 @@ async def generate(container: Container, prepared: Prepared) -> AsyncIterator[De
             tried: set[int] = set()
             try:
                 slot = await _admit(container, current)
+                progress.admitted_at = clock()
                 # aclosing: a client that goes away closes the replica's stream at once.
                 async with aclosing(_stream(container, current, progress, tried)) as deltas:
                     async for delta in deltas:
@@ -333,6 +336,7 @@ async def _finish(container: Container, prepared: Prepared, progress: _Progress,
         await record_usage(event)
     except Exception:  # noqa: BLE001 - the reply stands; issue 7's outbox makes this durable
         logger.exception("usage for %s was not recorded", prepared.request_id)
+    await observe_generation(container, prepared, event, progress.started, progress.admitted_at)
 
 
 def _usage_event(prepared: Prepared, progress: _Progress, last: ReplicaChunk | None,

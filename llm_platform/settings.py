@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from llm_platform.logging import logging_config
 from llm_platform.env import (
     env_bool,
     env_float,
@@ -38,6 +39,8 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # First: request id, log context and HTTP metrics for everything below it.
+    "inference.observability.middleware.RequestContextMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -138,12 +141,9 @@ STATIC_ROOT = BASE_DIR / "var" / "static"
 
 REST_FRAMEWORK = {"UNAUTHENTICATED_USER": None}
 
-LOGGING = {
-    "version": 1,
-    "disable_existing_loggers": False,
-    "handlers": {"console": {"class": "logging.StreamHandler"}},
-    "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
-}
+# JSON lines (time, level, logger, request_id, tenant_id, model); LOG_FORMAT=console for people
+# at a terminal, auto (the default) picks console when stderr is one (llm_platform/logging.py).
+LOGGING = logging_config(env_str("LOG_LEVEL", "INFO"), env_str("LOG_FORMAT", "auto"))
 
 # --- The customer API -------------------------------------------------------------------------
 # Bodies over this many bytes get 413 (Django's own limit is aligned so it never answers 400).
@@ -180,6 +180,9 @@ REGISTRY_CACHE_TTL_SECONDS = env_float("REGISTRY_CACHE_TTL_SECONDS", 1.0)
 # No hang: a replica that sends nothing for this long fails the request.
 TRITON_FIRST_TOKEN_TIMEOUT_SECONDS = env_float("TRITON_FIRST_TOKEN_TIMEOUT_SECONDS", 120.0)
 TRITON_TOKEN_TIMEOUT_SECONDS = env_float("TRITON_TOKEN_TIMEOUT_SECONDS", 60.0)
+
+# A client's X-Request-Id is kept if no request used it within this long (else a fresh id).
+REQUEST_ID_CLAIM_SECONDS = env_int("REQUEST_ID_CLAIM_SECONDS", 24 * 3600)
 
 # --- Quotas and admission ---------------------------------------------------------------------
 # A tenant's limits (tier defaults, tenant overrides) are cached in Redis this long: an edit in

@@ -1,4 +1,4 @@
-"""GET /v1/models, /healthz, /readyz."""
+"""GET /v1/models, /v1/models/{id}, /health, /healthz, /readyz."""
 from __future__ import annotations
 
 from asgiref.sync import sync_to_async
@@ -6,6 +6,7 @@ from django.db import connection
 from django.http import JsonResponse
 
 from inference.container import current_container
+from inference.errors import NotFound
 from inference.pipeline import authenticate_header
 from inference.views.errors import api_endpoint
 from models_registry.selectors import any_ready_replica, models_for_tenant
@@ -19,7 +20,21 @@ async def models_view(request):
 
 
 @api_endpoint("GET")
+async def model_view(request, model_id: str):
+    """One model object; 404 (not one the key's tenant may use) exactly as /v1/models omits it."""
+    container = current_container()
+    principal = await authenticate_header(container, request.headers.get("Authorization"))
+    for model in await models_for_tenant(principal.tenant_id):
+        if model["id"] == model_id:
+            return JsonResponse(model)
+    raise NotFound(f"The model '{model_id}' does not exist or you do not have access to it.",
+                   param="model")
+
+
+@api_endpoint("GET")
 async def healthz_view(request):
+    """Liveness (also at /health, the path LLM servers and load generators probe): the
+    process answers; no dependency is checked (that is /readyz)."""
     return JsonResponse({"status": "ok"})
 
 
