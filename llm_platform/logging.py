@@ -61,6 +61,8 @@ def logging_config(level: str, log_format: str) -> dict:
         },
         "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "structured"}},
         "root": {"handlers": ["console"], "level": level},
+        # httpx logs every replica metrics poll at INFO (once a second per replica).
+        "loggers": {"httpx": {"level": "WARNING"}},
     }
 
 
