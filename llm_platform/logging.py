@@ -36,6 +36,14 @@ def _renderer(log_format: str):
     return structlog.processors.JSONRenderer(default=repr)
 
 
+def formatter(log_format: str = "json") -> structlog.stdlib.ProcessorFormatter:
+    """The formatter of every handler: stdlib records and structlog's through one chain."""
+    return structlog.stdlib.ProcessorFormatter(
+        foreign_pre_chain=_SHARED,
+        processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+                    structlog.processors.format_exc_info, _renderer(log_format)])
+
+
 def logging_config(level: str, log_format: str) -> dict:
     """The `LOGGING` dict for Django's settings: one console handler whose formatter renders
     stdlib records through structlog (and structlog's own through the same chain)."""
@@ -49,15 +57,7 @@ def logging_config(level: str, log_format: str) -> dict:
         "version": 1,
         "disable_existing_loggers": False,
         "formatters": {
-            "structured": {
-                "()": structlog.stdlib.ProcessorFormatter,
-                "foreign_pre_chain": _SHARED,
-                "processors": [
-                    structlog.stdlib.ProcessorFormatter.remove_processors_meta,
-                    structlog.processors.format_exc_info,
-                    _renderer(log_format),
-                ],
-            },
+            "structured": {"()": formatter, "log_format": log_format},
         },
         "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "structured"}},
         "root": {"handlers": ["console"], "level": level},

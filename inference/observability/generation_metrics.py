@@ -11,8 +11,15 @@ logger = logging.getLogger(__name__)
 
 async def observe_generation(container, prepared, event, started: float,
                              admitted_at: float | None) -> None:
-    """Add the generation's usage event to the shared metrics; never raises (a Redis failure
-    loses these samples, not the reply or its usage row)."""
+    """Log one line about the finished generation (its request id, tenant and model come from
+    the log context) and add its usage event to the shared metrics; never raises (a Redis
+    failure loses these samples, not the reply or its usage row)."""
+    logger.info("generation %s", event.status, extra={
+        "endpoint": event.endpoint, "model_version": event.model_version_id,
+        "replica": event.replica_id, "input_tokens": event.input_tokens,
+        "output_tokens": event.output_tokens, "finish_reason": event.finish_reason,
+        "ttft_ms": None if event.ttft_ms is None else round(event.ttft_ms, 1),
+        "total_ms": round(event.total_ms, 1)})
     try:
         wait_s = None if admitted_at is None else admitted_at - started
         batch = generation_batch(event, prepared.charge.limits.tier_name, wait_s)
