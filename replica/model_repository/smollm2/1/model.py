@@ -31,6 +31,7 @@ import triton_python_backend_utils as pb_utils  # noqa: E402
 from replica.backend import error_messages
 from replica.backend.drain_watcher import DrainWatcher
 from replica.backend.engine_metrics import EngineMetrics
+from replica.backend.vllm_metrics import VllmMetrics
 from replica.backend.fault_trigger import FaultTrigger
 from replica.backend.generate_request import INPUT_NAMES, GenerateRequest
 from replica.backend.model_parameters import ModelParameters
@@ -63,6 +64,7 @@ class TritonPythonModel:
                   info["quantization"])
         self._metrics = EngineMetrics(pb_utils, {"model": args["model_name"], "version": args["model_version"]},
                                       info)
+        self._vllm_metrics = VllmMetrics(pb_utils, args["model_name"])  # vLLM's names, for routers
         # Responses go out on one sender thread, in order: a send blocks ~0.3-1 ms on IPC with the
         # server (GIL released), which then overlaps the next engine step instead of delaying it.
         self._sender = ThreadPoolExecutor(max_workers=1, thread_name_prefix="response-sender")
@@ -114,6 +116,7 @@ class TritonPythonModel:
         self._loop.stop()
         self._sender.shutdown(wait=True)  # flush the final responses the loop just produced
         self._metrics.close()  # metrics before their families, before the stub tears down
+        self._vllm_metrics.close()
         _log.info("finalize: done; engine loop: %s", self._loop.timing.summary())
 
     def _submit(self, request, sender) -> None:
@@ -129,7 +132,15 @@ class TritonPythonModel:
         prefix = ""
         if generate.prepend_prompt:
             prefix = generate.text or self._tokenizer.decode(prompt_token_ids)
-        request_id = uuid.uuid4().hex
+        # Triton's request id (the platform sends its own request id) names the request in this
+        # replica's logs; a missing or duplicate one gets a fresh id.
+        request_id = request.request_id() or uuid.uuid4().hex
+        with self._streams_lock:
+            if request_id in self._streams:
+                request_id = uuid.uuid4().hex
+        _log.info("request %s: %d prompt tokens, max_tokens %s", request_id, len(prompt_token_ids),
+                  generate.params.max_tokens)
+        self._vllm_metrics.arrived(request_id)
         stream = ResponseStream(
             pb_utils, sender, request_id, stream=generate.stream, prompt_prefix=prefix, on_cancel=self._loop.abort
         )
@@ -147,6 +158,7 @@ class TritonPythonModel:
             )
         except BaseException:
             self._forget(request_id)
+            self._vllm_metrics.forget(request_id)
             raise
 
     def _on_output(self, stream: ResponseStream, output) -> None:
@@ -157,6 +169,7 @@ class TritonPythonModel:
         """Sender thread: the only thread that touches a ResponseStream after submit."""
         try:
             stream.on_output(output)
+            self._vllm_metrics.output(stream.request_id, output.num_output_tokens, output.finished)
         except Exception as exc:  # noqa: BLE001 - the client is gone or the response is bad: end it
             _log.exception("sending a response for %s failed; aborting it", stream.request_id)
             self._loop.abort(stream.request_id)
@@ -168,6 +181,7 @@ class TritonPythonModel:
         finally:
             if output.finished:
                 self._forget(stream.request_id)
+                self._vllm_metrics.forget(stream.request_id)
 
     def _forget(self, request_id: str) -> None:
         with self._streams_lock:
@@ -194,6 +208,7 @@ class TritonPythonModel:
         """Sender thread: metrics, and cancellation polls for requests that produce nothing."""
         try:
             self._metrics.update(stats)
+            self._vllm_metrics.update(stats)
             with self._streams_lock:
                 streams = list(self._streams.values())
             for stream in streams:
