@@ -168,8 +168,9 @@ class TritonPythonModel:
     def _send_output(self, stream: ResponseStream, output) -> None:
         """Sender thread: the only thread that touches a ResponseStream after submit."""
         try:
-            stream.on_output(output)
+            # Observed before the send: a client that has the response also sees it counted.
             self._vllm_metrics.output(stream.request_id, output.num_output_tokens, output.finished)
+            stream.on_output(output)
         except Exception as exc:  # noqa: BLE001 - the client is gone or the response is bad: end it
             _log.exception("sending a response for %s failed; aborting it", stream.request_id)
             self._loop.abort(stream.request_id)
