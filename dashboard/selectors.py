@@ -8,7 +8,7 @@ from django.db.models import Case, F, FloatField, Q, Sum, When
 from django.db.models.functions import Trunc
 
 from billing.models import Invoice, UsageHourly
-from dashboard.live_usage import current_hour_rows, hour_start
+from dashboard.live_usage import live_rows, live_start
 from models_registry.models import Model, ModelVersion
 from tenants.models import ApiKey
 
@@ -55,11 +55,11 @@ class UsagePoint:
 
 def usage_points(tenant_id: int, start: datetime, end: datetime,
                  granularity: str, now: datetime | None = None) -> list[UsagePoint]:
-    """Usage of [start, end) grouped by period and model, oldest first: roll-ups for the hours
-    before the current one, the usage rows themselves for the current hour (live_usage)."""
+    """Usage of [start, end) grouped by period and model, oldest first: roll-ups for the older
+    hours, the usage rows themselves for the latest ones (live_usage)."""
     now = now or datetime.now(timezone.utc)
-    live_hour = hour_start(now)
-    rolled_end = min(end, live_hour)
+    live_from = live_start(now)
+    rolled_end = min(end, live_from)
     rows = (UsageHourly.objects.filter(tenant_id=tenant_id, hour__gte=start, hour__lt=rolled_end)
             .annotate(period=Trunc("hour", granularity, tzinfo=timezone.utc))
             .values("period", "model_name")
@@ -81,8 +81,9 @@ def usage_points(tenant_id: int, start: datetime, end: datetime,
             else None,
             ttft_p90_ms=row["p90_sum"] / weight if weight and row["p90_sum"] is not None
             else None))
-    if start <= live_hour < end:
-        points = _with_current_hour(points, current_hour_rows(tenant_id, now), granularity)
+    if live_from < end:
+        rows = [row for row in live_rows(tenant_id, now) if start <= row["hour"] < end]
+        points = _with_live_hours(points, rows, granularity)
     return points
 
 
@@ -90,9 +91,9 @@ def _period_of(hour: datetime, granularity: str) -> datetime:
     return hour.replace(hour=0) if granularity == "day" else hour
 
 
-def _with_current_hour(points: list[UsagePoint], rows: list[dict],
-                       granularity: str) -> list[UsagePoint]:
-    """Add the current hour's rows to their period (a day already holding earlier hours is
+def _with_live_hours(points: list[UsagePoint], rows: list[dict],
+                     granularity: str) -> list[UsagePoint]:
+    """Add the live hours' rows to their periods (a period already holding other hours is
     merged: sums added, TTFT percentiles weighted by requests, as across roll-up hours)."""
     by_key = {(p.period, p.model): p for p in points}
     for row in rows:
@@ -126,16 +127,14 @@ class PeriodTotals:
 
 
 def totals_since(tenant_id: int, start: datetime, now: datetime | None = None) -> PeriodTotals:
-    """Totals from `start` (an hour boundary) to now: roll-ups before the current hour, the
-    usage rows for the current hour."""
-    live_hour = hour_start(now or datetime.now(timezone.utc))
+    """Totals from `start` (an hour boundary) to now: roll-ups for the older hours, the usage
+    rows for the latest ones (live_usage)."""
+    now = now or datetime.now(timezone.utc)
     row = UsageHourly.objects.filter(tenant_id=tenant_id, hour__gte=start,
-                                     hour__lt=live_hour).aggregate(
+                                     hour__lt=live_start(now)).aggregate(
         r=Sum("num_requests"), i=Sum("input_tokens"), o=Sum("output_tokens"))
     totals = PeriodTotals(row["r"] or 0, row["i"] or 0, row["o"] or 0)
-    if live_hour < start:
-        return totals
-    live = current_hour_rows(tenant_id, now or datetime.now(timezone.utc))
+    live = [r for r in live_rows(tenant_id, now) if r["hour"] >= start]
     return PeriodTotals(totals.num_requests + sum(r["requests"] for r in live),
                         totals.input_tokens + sum(r["input_tokens"] for r in live),
                         totals.output_tokens + sum(r["output_tokens"] for r in live))
