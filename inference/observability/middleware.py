@@ -39,15 +39,31 @@ def error_code(response) -> str:
 
 
 class RequestContextMiddleware:
+    """Async under ASGI (daphne: always in production). Under a sync handler (Django's sync
+    test Client) it only sets a fresh id and the log context: the Redis collaborators belong to
+    an event loop, and a sync handler would make one loop, hence one container, per request."""
+
     async_capable = True
-    sync_capable = False
+    sync_capable = True
 
     def __init__(self, get_response):
         self.get_response = get_response
-        if iscoroutinefunction(self.get_response):
+        self._is_async = iscoroutinefunction(self.get_response)
+        if self._is_async:
             markcoroutinefunction(self)
 
-    async def __call__(self, request):
+    def __call__(self, request):
+        if self._is_async:
+            return self._acall(request)
+        request_id = request_ids.new_request_id()
+        request_ids.set_current_request_id(request_id)
+        clear_request_context()
+        bind_request_context(request_id=request_id)
+        response = self.get_response(request)
+        response[request_ids.HEADER] = request_id
+        return response
+
+    async def _acall(self, request):
         started = time.perf_counter()
         container = current_container()
         client_value = request.headers.get(request_ids.HEADER)
