@@ -14,4 +14,5 @@ class InferenceConfig(AppConfig):
         # Per-process state lives here, on the app registry, not in module globals.
         self.tokenizers = TokenizerCache()
         self.containers = weakref.WeakKeyDictionary()  # event loop -> Container
+        self.metric_buffers = weakref.WeakKeyDictionary()  # event loop -> MetricBuffer
         self.container_factory = build_container

@@ -336,7 +336,7 @@ async def _finish(container: Container, prepared: Prepared, progress: _Progress,
         await record_usage(event)
     except Exception:  # noqa: BLE001 - the reply stands; issue 7's outbox makes this durable
         logger.exception("usage for %s was not recorded", prepared.request_id)
-    await observe_generation(container, prepared, event, progress.started, progress.admitted_at)
+    observe_generation(container, prepared, event, progress.started, progress.admitted_at)
 
 
 def _usage_event(prepared: Prepared, progress: _Progress, last: ReplicaChunk | None,

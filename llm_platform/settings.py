@@ -183,6 +183,9 @@ TRITON_TOKEN_TIMEOUT_SECONDS = env_float("TRITON_TOKEN_TIMEOUT_SECONDS", 60.0)
 
 # A client's X-Request-Id is kept if no request used it within this long (else a fresh id).
 REQUEST_ID_CLAIM_SECONDS = env_int("REQUEST_ID_CLAIM_SECONDS", 24 * 3600)
+# Request metrics are gathered in each process and written to Redis this often (off the reply's
+# path); a process's own /metrics writes its share first (inference/observability/buffer.py).
+METRICS_FLUSH_SECONDS = env_float("METRICS_FLUSH_SECONDS", 0.5)
 
 # --- Quotas and admission ---------------------------------------------------------------------
 # A tenant's limits (tier defaults, tenant overrides) are cached in Redis this long: an edit in

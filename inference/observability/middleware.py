@@ -17,7 +17,8 @@ from django.conf import settings
 from inference.container import current_container
 from inference.observability import families as f
 from inference.observability import request_ids
-from inference.observability.store import Batch, MetricStore
+from inference.observability.buffer import current_buffer
+from inference.observability.store import Batch
 from llm_platform.logging import bind_request_context, clear_request_context
 
 logger = logging.getLogger(__name__)
@@ -81,10 +82,10 @@ class RequestContextMiddleware:
                         extra={"client_request_id": client_value[:200]})
         response = await self.get_response(request)
         response[request_ids.HEADER] = request_id
-        await self._record(container, request, response, time.perf_counter() - started)
+        self._record(request, response, time.perf_counter() - started)
         return response
 
-    async def _record(self, container, request, response, elapsed_s: float) -> None:
+    def _record(self, request, response, elapsed_s: float) -> None:
         route = route_of(request)
         method = request.method if request.method in METHODS else OTHER
         status = response.status_code
@@ -95,6 +96,6 @@ class RequestContextMiddleware:
             batch.inc(f.REFUSALS, {"route": route, "status": status,
                                    "reason": error_code(response)})
         try:
-            await MetricStore(container.redis, container.key_prefix).write(batch)
+            current_buffer().add(batch)  # written in the background: the reply does not wait
         except Exception:  # noqa: BLE001 - metrics are best effort
             logger.warning("HTTP metrics not recorded", exc_info=True)

@@ -9,12 +9,14 @@ from django.http import HttpResponse
 
 from inference.container import current_container
 from inference.metrics import admission_metrics
+from inference.observability.buffer import current_buffer
 from inference.observability.collector import render
 from inference.observability.store import MetricStore
 
 
 async def metrics_view(request):
     container = current_container()
+    await current_buffer().flush()  # this process's samples first: a scrape is never behind it
     snapshot = await MetricStore(container.redis, container.key_prefix).snapshot()
     body = render(snapshot).decode("utf-8")
     body += await admission_metrics(container.redis, container.admission)

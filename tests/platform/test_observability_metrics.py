@@ -105,3 +105,33 @@ async def test_histogram_bounds_are_inclusive_and_shared_across_store_instances(
         assert samples[("llmp_request_ttft_seconds_sum", None)] == pytest.approx(2000.1)
     finally:
         await redis.aclose()
+
+
+async def test_buffered_samples_reach_redis_in_the_background(settings):
+    import asyncio
+
+    import redis.asyncio as aioredis
+
+    from inference.observability.buffer import MetricBuffer
+
+    redis = aioredis.Redis.from_url(settings.REDIS_URL)
+    try:
+        store = MetricStore(redis, settings.REDIS_KEY_PREFIX + "buffer:")
+        buffer = MetricBuffer(store, interval_s=0.01)
+        labels = {"route": "/x", "method": "GET", "status": "200"}
+        for _ in range(3):
+            batch = Batch()
+            batch.inc(f.HTTP_REQUESTS, labels)
+            buffer.add(batch)  # no I/O here
+        await asyncio.wait_for(buffer.scheduled_flush, 10)
+        samples = (await store.snapshot())["llmp_http_requests"]
+        assert samples == {("/x", "GET", "200"): 3.0}
+        batch = Batch()
+        batch.inc(f.HTTP_REQUESTS, labels, 2)
+        buffer.add(batch)
+        await buffer.flush()  # what /metrics does before its snapshot
+        assert (await store.snapshot())["llmp_http_requests"] == {("/x", "GET", "200"): 5.0}
+        await asyncio.wait_for(buffer.scheduled_flush, 10)  # an empty flush writes nothing
+        assert (await store.snapshot())["llmp_http_requests"] == {("/x", "GET", "200"): 5.0}
+    finally:
+        await redis.aclose()
