@@ -105,6 +105,8 @@ CHANNEL_LAYERS = {
 CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", REDIS_URL)
 CELERY_RESULT_BACKEND = None
 CELERY_TASK_IGNORE_RESULT = True
+# Workers log through LOGGING (JSON lines) instead of Celery's own root-logger format.
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_BEAT_SCHEDULE = {
     "replica-health": {
         "task": "models_registry.tasks.check_replica_health",
