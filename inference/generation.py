@@ -332,11 +332,11 @@ async def _finish(container: Container, prepared: Prepared, progress: _Progress,
         await settle(container.buckets, prepared.charge, event.input_tokens + event.output_tokens)
     except Exception:  # noqa: BLE001 - the bucket refills anyway; the reply stands
         logger.exception("quota correction failed for %s", prepared.request_id)
+    observe_generation(container, prepared, event, progress.started, progress.admitted_at)
     try:
         await record_usage(event)
     except Exception:  # noqa: BLE001 - the reply stands; issue 7's outbox makes this durable
         logger.exception("usage for %s was not recorded", prepared.request_id)
-    observe_generation(container, prepared, event, progress.started, progress.admitted_at)
 
 
 def _usage_event(prepared: Prepared, progress: _Progress, last: ReplicaChunk | None,
