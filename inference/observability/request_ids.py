@@ -8,6 +8,7 @@ fresh one (logged with the client's value as `client_request_id`).
 """
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import re
 import uuid
@@ -15,6 +16,9 @@ import uuid
 HEADER = "X-Request-Id"
 # What a usage row can hold (64 chars) and a log line or header can carry safely.
 WELL_FORMED = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,63}")
+
+# A claim waits at most this long for Redis (then the request gets a fresh id: never a hang).
+CLAIM_TIMEOUT_S = 0.5
 
 _current: contextvars.ContextVar[str | None] = contextvars.ContextVar("request_id", default=None)
 
@@ -52,7 +56,8 @@ async def claim(redis, key_prefix: str, client_value: str | None, ttl_s: int) ->
     if not is_well_formed(client_value):
         return new_request_id(), False
     try:
-        kept = await redis.set(f"{key_prefix}reqid:{client_value}", 1, nx=True, ex=ttl_s)
-    except Exception:  # noqa: BLE001 - Redis down: a fresh id is always safe
+        kept = await asyncio.wait_for(
+            redis.set(f"{key_prefix}reqid:{client_value}", 1, nx=True, ex=ttl_s), CLAIM_TIMEOUT_S)
+    except Exception:  # noqa: BLE001 - Redis down or slow: a fresh id is always safe
         kept = False
     return (client_value, True) if kept else (new_request_id(), False)

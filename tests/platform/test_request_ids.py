@@ -76,3 +76,20 @@ async def test_error_bodies_carry_the_request_id(client, auth):
     assert error["type"] == "invalid_request_error" and error["param"] == "messages"
     not_found = await client.get("/nowhere")
     assert not_found.json()["error"]["request_id"] == not_found["X-Request-Id"]
+
+
+async def test_an_unreachable_redis_gives_a_fresh_id_at_once():
+    from inference.observability.request_ids import claim
+
+    class HangingRedis:
+        async def set(self, *args, **kwargs):
+            import asyncio
+            await asyncio.Event().wait()  # never answers
+
+    class BrokenRedis:
+        async def set(self, *args, **kwargs):
+            raise ConnectionError("down")
+
+    for redis in (HangingRedis(), BrokenRedis()):
+        request_id, kept = await claim(redis, "p:", "client-id", 60)
+        assert not kept and request_id != "client-id" and len(request_id) == 32
