@@ -17,6 +17,7 @@ class InferenceConfig(AppConfig):
         # Per-process state lives here, on the app registry, not in module globals.
         self.tokenizers = TokenizerCache()
         self.containers = weakref.WeakKeyDictionary()  # event loop -> Container
+        self.metric_buffers = weakref.WeakKeyDictionary()  # event loop -> MetricBuffer
         self.container_factory = build_container
         # A read timeout for PostgreSQL on the request path (llm_platform/db_watchdog.py).
         connection_created.connect(install, dispatch_uid="llm_platform.db_watchdog")

@@ -129,6 +129,7 @@ def main() -> int:
         "PYTHONUNBUFFERED": "1",
     }
     env.setdefault("ALLOWED_HOSTS", f"localhost,127.0.0.1,{args.host}")
+    env.setdefault("LOG_FORMAT", "console")  # var/logs/ for people; deployments keep JSON lines
     supervisor = Supervisor(env)
     try:
         print("migrating ...", flush=True)
