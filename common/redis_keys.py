@@ -133,6 +133,16 @@ def routing_stats(prefix: str, model_version_id: int) -> str:
     return f"{prefix}routing:{model_version_id}"
 
 
+def request_id_claim(prefix: str, request_id: str) -> str:
+    """inference/observability/request_ids.py: a client-sent request id, claimed once."""
+    return f"{prefix}reqid:{request_id}"
+
+
+def metric_family(prefix: str, family: str) -> str:
+    """inference/observability/store.py: one hash per metric family, a field per label set."""
+    return f"{prefix}obs:{family}"
+
+
 def idempotency(prefix: str, tenant_id: int, digest: str) -> str:
     """inference/idempotency.py: a request's claim, then its stored reply."""
     return f"{prefix}idem:{tenant_id}:{digest}"

@@ -63,7 +63,7 @@ class AgentConfig:
     memory_mib: int = 4096
     accelerator: str = "cpu"
     heartbeat_s: float = 2.0
-    replica_threads: int = 1  # torch threads per replica
+    replica_threads: int = 0  # torch threads per replica; 0: the CPU slots reserved for it
     drain_grace_s: float = 30.0
     log_dir: Path = REPO / "var" / "logs" / "agents"
 
@@ -80,7 +80,7 @@ class AgentConfig:
             memory_mib=int(env.get("NODE_MEMORY_MIB", "4096")),
             accelerator=env.get("NODE_ACCELERATOR", "cpu"),
             heartbeat_s=float(env.get("NODE_HEARTBEAT_SECONDS", "2")),
-            replica_threads=int(env.get("NODE_REPLICA_THREADS", "1")),
+            replica_threads=int(env.get("NODE_REPLICA_THREADS", "0")),
             drain_grace_s=float(env.get("NODE_DRAIN_GRACE_SECONDS", "30")),
             log_dir=Path(env.get("NODE_LOG_DIR", str(cls.log_dir))),
         )
@@ -238,8 +238,8 @@ class NodeAgent:
         log_path = self.config.log_dir / f"{self.config.name}-replica-{replica_id}.log"
         command = launch_command(version.model.name, weights, version.quantization,
                                  (grpc_port, http_port, metrics_port),
-                                 self.config.replica_threads, self.config.drain_grace_s,
-                                 self.config.bind_address)
+                                 replica_threads(self.config.replica_threads, replica.cpu_slots),
+                                 self.config.drain_grace_s, self.config.bind_address)
         env = replica_environment(dict(os.environ), self.config.access_token)
         with open(log_path, "ab") as log:
             popen = subprocess.Popen(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
@@ -332,6 +332,12 @@ class NodeAgent:
                        f"process exited with code {code}: {tail[0]}"[:300], now)
         elif state == Replica.State.FAILED:
             transition(child.replica_id, Replica.State.STOPPED, f"process ended (exit {code})", now)
+
+
+def replica_threads(configured: int, cpu_slots: int) -> int:
+    """Torch threads for a replica: the node's explicit setting, else one per CPU slot that
+    placement reserved for it (at least one)."""
+    return configured if configured > 0 else max(1, cpu_slots)
 
 
 def launch_command(model_name: str, weights: str, quantization: str,

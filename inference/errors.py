@@ -4,12 +4,18 @@ The openai client maps statuses to its exception types (400 BadRequestError, 401
 AuthenticationError, 403 PermissionDeniedError, 404 NotFoundError, 409 ConflictError, 422
 UnprocessableEntityError, 429 RateLimitError, 503 InternalServerError after its retries), so
 status and body are the contract. docs/api-errors.md lists every code.
+
+`type` takes OpenAI's values only: `invalid_request_error` (every 4xx but 429), `requests` or
+`tokens` (429: which limit), `server_error` (5xx). `param` is always present (null when none);
+`request_id` is the request's id (the X-Request-Id header), when there is one.
 """
 from __future__ import annotations
 
 import json
 
 from django.http import JsonResponse
+
+from inference.observability.request_ids import current_request_id
 
 
 class ApiError(Exception):
@@ -18,22 +24,27 @@ class ApiError(Exception):
     code = "internal_error"
 
     def __init__(self, message: str, *, code: str | None = None, param: str | None = None,
-                 headers: dict[str, str] | None = None):
+                 headers: dict[str, str] | None = None, error_type: str | None = None):
         super().__init__(message)
         self.message = message
         if code is not None:
             self.code = code
+        if error_type is not None:
+            self.type = error_type
         self.param = param
         self.headers = headers or {}
 
     def body(self) -> dict:
-        error = {"message": self.message, "type": self.type, "code": self.code}
-        if self.param is not None:
-            error["param"] = self.param
+        error = {"message": self.message, "type": self.type, "param": self.param,
+                 "code": self.code}
+        request_id = current_request_id()
+        if request_id is not None:
+            error["request_id"] = request_id
         return {"error": error}
 
     def to_response(self) -> JsonResponse:
         response = JsonResponse(self.body(), status=self.status)
+        response.error_code = self.code  # the refusal reason in the platform's metrics
         for name, value in self.headers.items():
             response[name] = value
         return response
@@ -50,19 +61,19 @@ class InvalidRequest(ApiError):
 
 class Unauthorized(ApiError):
     status = 401
-    type = "authentication_error"
+    type = "invalid_request_error"
     code = "invalid_api_key"
 
 
 class Forbidden(ApiError):
     status = 403
-    type = "permission_error"
+    type = "invalid_request_error"
     code = "forbidden"
 
 
 class NotFound(ApiError):
     status = 404
-    type = "not_found_error"
+    type = "invalid_request_error"
     code = "model_not_found"
 
 
@@ -74,7 +85,7 @@ class MethodNotAllowed(ApiError):
 
 class Conflict(ApiError):
     status = 409
-    type = "conflict_error"
+    type = "invalid_request_error"
     code = "idempotency_key_in_use"
 
 
@@ -92,7 +103,7 @@ class Unprocessable(ApiError):
 
 class RateLimited(ApiError):
     status = 429
-    type = "rate_limit_error"
+    type = "requests"  # or "tokens": the limit reached (OpenAI's values)
     code = "rate_limit_exceeded"
 
 

@@ -41,6 +41,7 @@ from inference.container import Container
 from inference.db_connection import release_db_connection
 from inference.errors import InvalidRequest, ModelFailed, ReplicaDied, ReplicaFailed, ServiceUnavailable
 from inference.keepalive import KeepAlive
+from inference.observability.generation_metrics import observe_generation
 from inference.pipeline import Prepared, record_fallback, retarget
 from inference.quota import settle
 from inference.replica_client import (
@@ -106,6 +107,7 @@ class _Progress:
     last: ReplicaChunk | None = None
     status: str = UsageRecord.Status.FAILED
     attempts: list[Attempt] = field(default_factory=list)
+    admitted_at: float | None = None  # when the (last) admission slot was granted
 
 
 def replica_request(prepared: Prepared) -> ReplicaRequest:
@@ -202,6 +204,7 @@ async def generate(container: Container, prepared: Prepared) -> AsyncIterator[De
                 slot = await _admit(container, current)
                 if slot is not None:
                     keepalive.hold("slot", slot.refresh)
+                progress.admitted_at = clock()
                 # aclosing: a client that goes away closes the replica's stream at once.
                 async with aclosing(_stream(container, current, progress, tried,
                                             keepalive)) as deltas:
@@ -381,6 +384,7 @@ async def _finish(container: Container, prepared: Prepared, progress: _Progress,
     await _bounded(settle(container.buckets, prepared.charge,
                           event.input_tokens + event.output_tokens),
                    "quota correction", prepared.request_id)
+    observe_generation(container, prepared, event, progress.started, progress.admitted_at)
     try:
         await record_usage(event)
     except Exception:  # noqa: BLE001 - the lease expires and the reaper finalises the row

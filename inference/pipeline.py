@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import uuid
 from dataclasses import dataclass, replace
 
 from asgiref.sync import sync_to_async
@@ -21,10 +20,12 @@ from inference.errors import (
 from inference.idempotency import Claim, Replay, fingerprint, validate_key
 from inference.json_body import decode_json
 from inference.key_ratelimit import check_key_rate
+from inference.observability.request_ids import request_id_for_usage
 from inference.quota import Charge, admit, current_headers
 from inference.schemas import GenerationRequest, parse_request
 from inference.fallbacks import FAILED, UNAVAILABLE
 from models_registry.selectors import ServingVersion
+from llm_platform.logging import bind_request_context
 from tenants.auth import AuthenticationFailed, Principal, authenticate, bearer_token
 
 logger = logging.getLogger(__name__)
@@ -197,6 +198,7 @@ async def prepare_as(container: Container, endpoint: str, principal: Principal,
     """`prepare` for a principal already authenticated some other way (the dashboard's
     playground: a logged-in member of the tenant). Same refusals, minus the 401s."""
     request = parse_request(endpoint, body)
+    bind_request_context(tenant_id=principal.tenant_id, model=request.model)
     stable = await container.catalog.get(request.model, principal.tenant_id)
     if stable is None:
         raise NotFound(f"The model '{request.model}' does not exist or you do not have access "
@@ -230,7 +232,7 @@ async def prepare_as(container: Container, endpoint: str, principal: Principal,
             await asyncio.shield(container.idempotency.abandon(claim))
         raise
     return Prepared(
-        request_id=uuid.uuid4().hex,
+        request_id=request_id_for_usage(),
         principal=principal,
         target=target,
         request=request,

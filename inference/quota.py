@@ -77,7 +77,7 @@ async def admit(buckets: TokenBuckets, limits: Limits, num_prompt_tokens: int,
             f"Rate limit reached for {which} ({limits.requests_per_minute} requests/min, "
             f"{limits.tokens_per_minute} tokens/min; this request needs {estimate} tokens). "
             f"Retry in {state.retry_after_s} s.",
-            headers={**headers, "Retry-After": str(state.retry_after_s)})
+            headers={**headers, "Retry-After": str(state.retry_after_s)}, error_type=which)
     return Charge(limits=limits, estimated_tokens=estimate, headers=headers)
 
 

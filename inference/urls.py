@@ -1,8 +1,15 @@
 from django.urls import path
 
-from inference.views.catalog import healthz_view, models_view, readyz_view, web_readyz_view
+from inference.views.catalog import (
+    healthz_view,
+    model_view,
+    models_view,
+    readyz_view,
+    web_readyz_view,
+)
 from inference.views.generation import chat_completions_view, completions_view, generate_view
 from inference.views.metrics import metrics_view
+from inference.views.openapi import openapi_view
 from inference.views.usage import usage_view
 
 urlpatterns = [
@@ -10,6 +17,9 @@ urlpatterns = [
     path("v1/chat/completions", chat_completions_view),
     path("v1/completions", completions_view),
     path("v1/models", models_view),
+    path("v1/models/<path:model_id>", model_view),
+    path("v1/openapi.json", openapi_view),
+    path("health", healthz_view),
     path("healthz", healthz_view),
     path("readyz", readyz_view),
     path("readyz/web", web_readyz_view),

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from llm_platform.logging import logging_config
 from llm_platform.env import (
     env_bool,
     env_file,
@@ -80,6 +81,8 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # First: request id, log context and HTTP metrics for everything below it.
+    "inference.observability.middleware.RequestContextMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -160,6 +163,8 @@ CHANNEL_LAYERS = {
 CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", REDIS_URL)
 CELERY_RESULT_BACKEND = None
 CELERY_TASK_IGNORE_RESULT = True
+# Workers log through LOGGING (JSON lines) instead of Celery's own root-logger format.
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_BEAT_SCHEDULE = {
     "replica-health": {
         "task": "fleet.tasks.check_replica_health",
@@ -196,12 +201,9 @@ STATIC_ROOT = BASE_DIR / "var" / "static"
 
 REST_FRAMEWORK = {"UNAUTHENTICATED_USER": None}
 
-LOGGING = {
-    "version": 1,
-    "disable_existing_loggers": False,
-    "handlers": {"console": {"class": "logging.StreamHandler"}},
-    "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
-}
+# JSON lines (time, level, logger, request_id, tenant_id, model); LOG_FORMAT=console for people
+# at a terminal, auto (the default) picks console when stderr is one (llm_platform/logging.py).
+LOGGING = logging_config(env_str("LOG_LEVEL", "INFO"), env_str("LOG_FORMAT", "auto"))
 
 # --- The customer API -------------------------------------------------------------------------
 # Bodies over this many bytes get 413 (Django's own limit is aligned so it never answers 400).
@@ -243,6 +245,12 @@ REGISTRY_CACHE_TTL_SECONDS = env_float("REGISTRY_CACHE_TTL_SECONDS", 1.0)
 # No hang: a replica that sends nothing for this long fails the request.
 TRITON_FIRST_TOKEN_TIMEOUT_SECONDS = env_float("TRITON_FIRST_TOKEN_TIMEOUT_SECONDS", 120.0)
 TRITON_TOKEN_TIMEOUT_SECONDS = env_float("TRITON_TOKEN_TIMEOUT_SECONDS", 60.0)
+
+# A client's X-Request-Id is kept if no request used it within this long (else a fresh id).
+REQUEST_ID_CLAIM_SECONDS = env_int("REQUEST_ID_CLAIM_SECONDS", 24 * 3600)
+# Request metrics are gathered in each process and written to Redis this often (off the reply's
+# path); a process's own /metrics writes its share first (inference/observability/buffer.py).
+METRICS_FLUSH_SECONDS = env_float("METRICS_FLUSH_SECONDS", 0.5)
 
 # --- Quotas and admission ---------------------------------------------------------------------
 # A tenant's limits (tier defaults, tenant overrides) are cached in Redis this long: an edit in

@@ -48,8 +48,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         default=os.environ.get("REPLICA_DEVICE") or defaults.device,
                         help="default: $REPLICA_DEVICE, else cpu")
     parser.add_argument("--quantization", type=quantization_arg, default=defaults.quantization,
-                        help="weights: none (the dtype above) | int8 (per output channel, quantised at load); "
-                             "a ModelVersion.quantization value, '' meaning none. int4 is not built")
+                        help="weights: none (the dtype above) | int8 (per output channel, quantised at load) | "
+                             "int4 (a GGUF file's Q4_0/Q4_1 blocks as stored, read by decode); "
+                             "a ModelVersion.quantization value, '' meaning none")
     parser.add_argument("--kv-cache-bytes", type=int, default=defaults.kv_cache_bytes)
     parser.add_argument("--max-num-seqs", type=int, default=defaults.max_num_seqs)
     parser.add_argument("--max-num-batched-tokens", type=int, default=defaults.max_num_batched_tokens)

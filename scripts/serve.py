@@ -129,13 +129,14 @@ def main() -> int:
         "PYTHONUNBUFFERED": "1",
     }
     env.setdefault("ALLOWED_HOSTS", f"localhost,127.0.0.1,{args.host}")
+    env.setdefault("LOG_FORMAT", "console")  # var/logs/ for people; deployments keep JSON lines
     supervisor = Supervisor(env)
     try:
         print("migrating ...", flush=True)
         supervisor.manage("migrate", "--noinput")
         print(supervisor.manage("seeddemo"), flush=True)
         supervisor.start("node-agent", ["manage.py", "nodeagent", "--name", "local", "--zone",
-                                        "local", "--cpu-slots", "1", "--memory-mib", "4096"])
+                                        "local", "--cpu-slots", "2", "--memory-mib", "4096"])
         supervisor.start("daphne", ["-m", "daphne", "-b", args.host, "-p", str(args.port),
                                     "llm_platform.asgi:application"])
         # Usage stream -> PostgreSQL; also replays this host's usage outbox (var/billing-outbox).

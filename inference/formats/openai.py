@@ -1,8 +1,24 @@
-"""OpenAI-compatible shapes for /v1/chat/completions and /v1/completions."""
+"""OpenAI-compatible shapes for /v1/chat/completions and /v1/completions.
+
+Conventions OpenAI clients rely on: `finish_reason` is one of OpenAI's values (a generation the
+replica aborted is an error, not a `finish_reason: "abort"`); with `stream_options.include_usage`
+every chunk before the last carries `usage: null` and the last one the usage.
+"""
 from __future__ import annotations
 
+from inference.errors import ReplicaFailed
 from inference.formats.base import Event, StreamMeta
 from inference.generation import Result
+
+OPENAI_FINISH_REASONS = frozenset({"stop", "length"})
+
+
+def _aborted(result: Result) -> ReplicaFailed | None:
+    if result.finish_reason in OPENAI_FINISH_REASONS:
+        return None
+    return ReplicaFailed(f"The replica ended the generation before it finished "
+                         f"({result.finish_reason}); retry later.", code="generation_aborted",
+                         headers={"Retry-After": "1"})
 
 
 def _usage(result: Result) -> dict:
@@ -23,11 +39,16 @@ class _OpenAIFormat:
     chunk_object = ""
 
     def _chunk(self, meta: StreamMeta, choices: list, **extra) -> Event:
+        if meta.include_usage:
+            extra.setdefault("usage", None)
         return Event("chunk", {"id": self.id_prefix + meta.id, "object": self.chunk_object,
                                "created": meta.created, "model": meta.model,
                                "choices": choices, **extra})
 
     def finish(self, meta: StreamMeta, result: Result) -> list[Event]:
+        aborted = _aborted(result)
+        if aborted is not None:
+            return self.error(meta, aborted.body())
         events = [self._chunk(meta, [self._final_choice(result.finish_reason)])]
         if meta.include_usage:
             events.append(self._chunk(meta, [], usage=_usage(result)))
@@ -53,6 +74,9 @@ class ChatFormat(_OpenAIFormat):
         return {"index": 0, "delta": {}, "logprobs": None, "finish_reason": finish_reason}
 
     def complete(self, result: Result) -> dict:
+        aborted = _aborted(result)
+        if aborted is not None:
+            raise aborted
         return {
             "id": self.id_prefix + result.id,
             "object": "chat.completion",
@@ -83,6 +107,9 @@ class CompletionsFormat(_OpenAIFormat):
         return {"index": 0, "text": "", "logprobs": None, "finish_reason": finish_reason}
 
     def complete(self, result: Result) -> dict:
+        aborted = _aborted(result)
+        if aborted is not None:
+            raise aborted
         return {
             "id": self.id_prefix + result.id,
             "object": "text_completion",

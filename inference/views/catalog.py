@@ -1,7 +1,8 @@
-"""GET /v1/models, /healthz, /readyz, /readyz/web.
+"""GET /v1/models, /v1/models/{id}, /health, /healthz, /readyz, /readyz/web.
 
-Three probes, three questions:
-- `/healthz`: the process is up (answers without touching anything; a liveness probe).
+Probes, and the question each answers:
+- `/health`, `/healthz`: the process is up (answers without touching anything; a liveness probe;
+  `/health` is the name vLLM, TGI and llama.cpp answer, which load generators ask for).
 - `/readyz/web`: this web process can serve, i.e. it reaches PostgreSQL and Redis (a web pod's
   readiness probe). It never depends on replicas: with scale to zero and no replica ready, the
   web pods must stay in service so that requests reach the admission queue and the autoscaler
@@ -19,6 +20,7 @@ from django.db import connection
 from django.http import JsonResponse
 
 from inference.container import current_container
+from inference.errors import NotFound
 from inference.faults import preparing
 from inference.pipeline import authenticate_header
 from inference.relay import request_deadline
@@ -36,7 +38,21 @@ async def models_view(request):
 
 
 @api_endpoint("GET")
+async def model_view(request, model_id: str):
+    """One model object; 404 (not one the key's tenant may use) exactly as /v1/models omits it."""
+    container = current_container()
+    principal = await authenticate_header(container, request.headers.get("Authorization"))
+    for model in await models_for_tenant(principal.tenant_id):
+        if model["id"] == model_id:
+            return JsonResponse(model)
+    raise NotFound(f"The model '{model_id}' does not exist or you do not have access to it.",
+                   param="model")
+
+
+@api_endpoint("GET")
 async def healthz_view(request):
+    """Liveness (also at /health, the path LLM servers and load generators probe): the
+    process answers; no dependency is checked (that is /readyz)."""
     return JsonResponse({"status": "ok"})
 
 

@@ -1,5 +1,8 @@
 """GET /metrics: Prometheus text format, for loopback clients and holders of METRICS_TOKEN.
 
+The platform's request metrics (inference/observability) render through prometheus_client;
+the admission queue's and the router's families follow in the same exposition.
+
 Invariant: a client that is neither on loopback (when settings.METRICS_ALLOW_LOOPBACK) nor
 sends `Authorization: Bearer <METRICS_TOKEN>` (compared in constant time; an empty token
 matches nothing) gets 403 and learns nothing about queues, tenants' load or replicas.
@@ -17,6 +20,9 @@ from django.http import HttpResponse
 from inference.container import current_container
 from inference.errors import Forbidden
 from inference.metrics import admission_metrics
+from inference.observability.buffer import current_buffer
+from inference.observability.collector import render
+from inference.observability.store import MetricStore
 from tenants.auth import bearer_token
 
 
@@ -41,6 +47,9 @@ async def metrics_view(request):
                          "token ('Authorization: Bearer <METRICS_TOKEN>').",
                          code="metrics_forbidden").to_response()
     container = current_container()
-    body = await admission_metrics(container.redis, container.admission)
+    await current_buffer().flush()  # this process's samples first: a scrape is never behind it
+    snapshot = await MetricStore(container.redis, container.key_prefix).snapshot()
+    body = render(snapshot).decode("utf-8")
+    body += await admission_metrics(container.redis, container.admission)
     body += await container.router.state.stats.prometheus(container.router.state.circuit)
     return HttpResponse(body, content_type="text/plain; version=0.0.4; charset=utf-8")

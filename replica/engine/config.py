@@ -8,7 +8,7 @@ from typing import Any
 NONE = "none"
 INT8 = "int8"
 INT4 = "int4"
-BUILT = (NONE, INT8)
+BUILT = (NONE, INT8, INT4)  # int4: a GGUF file's Q4_0/Q4_1 blocks as stored (models/gguf_linear.py)
 # A checkpoint's own storage format (GGUF tensor types the loader reads): served as "none", i.e.
 # dequantised at load into the engine dtype. The seeded demo version says "Q4_1", its GGUF's type.
 CHECKPOINT_FORMATS = frozenset({"F32", "F16", "BF16", "F64", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
@@ -20,18 +20,16 @@ class QuantizationNotBuilt(ValueError):
 
 
 def normalize_quantization(name: str | None) -> str:
-    """"" / "none" / a checkpoint format ("Q4_1") -> "none"; "int8" -> "int8"; "int4" ->
-    QuantizationNotBuilt; anything else -> ValueError."""
+    """"" / "none" / a checkpoint format ("Q4_1") -> "none"; "int8" -> "int8"; "int4" -> "int4";
+    anything else -> ValueError."""
     value = (name or "").strip().lower()
     if value in ("", NONE) or value.upper() in CHECKPOINT_FORMATS:
         return NONE
     if value == INT8:
         return INT8
     if value == INT4:
-        raise QuantizationNotBuilt(
-            "int4 weights are not built: PyTorch's int4 CPU kernel measured slower than the int8 one for "
-            "decode and no faster for batches (README, 'Quantised versions'); use int8 or none")
-    raise ValueError(f"unknown quantization {name!r}; use one of {', '.join(BUILT)} (int4 is not built), "
+        return INT4
+    raise ValueError(f"unknown quantization {name!r}; use one of {', '.join(BUILT)}, "
                      "or the checkpoint's own GGUF type (served dequantised)")
 
 

@@ -9,7 +9,7 @@ from typing import Callable
 
 import torch
 
-from replica.engine.config import EngineConfig, ModelConfig
+from replica.engine.config import INT4, EngineConfig, ModelConfig
 from replica.engine.dtype import dtype_name, resolve_dtype
 from replica.engine.engine_core import EngineCore, EngineStats
 from replica.engine.kv.manager import KVCacheManager
@@ -55,8 +55,13 @@ class LLMEngine:
         normalize_quantization(config.quantization)  # an unknown or unbuilt one fails before the load
         checkpoint = load_checkpoint(config.model_path)
         dtype = dtype_name(resolve_dtype(config.dtype, config.device))
+        blocks = None
+        if normalize_quantization(config.quantization) == INT4:
+            from replica.engine.models.gguf_linear import load_block_weights
+
+            blocks = load_block_weights(config.model_path, checkpoint.config)
         model = build_model(checkpoint.config, checkpoint.state_dict, dtype, config.device,
-                            quantization=config.quantization)
+                            quantization=config.quantization, blocks=blocks)
         return cls(config, checkpoint.config, model, checkpoint.tokenizer, **kwargs)
 
     # --- the request API -------------------------------------------------------------------
@@ -95,14 +100,21 @@ class LLMEngine:
 
 
 def build_model(model_config: ModelConfig, state_dict: dict[str, torch.Tensor], dtype: str, device: str,
-                quantization: str = "none") -> LlamaForCausalLM:
+                quantization: str = "none", blocks: dict | None = None) -> LlamaForCausalLM:
     """The model in `dtype` on `device`; with quantization "int8" its projections, embeddings and
-    head hold int8 weights (models/quantization.py)."""
+    head hold int8 weights (models/quantization.py); with "int4" its projections and head also
+    hold `blocks`, the GGUF file's Q4 blocks (models/gguf_linear.py), which decode reads."""
     with torch.device("meta"):
         model = LlamaForCausalLM(model_config)
     model = model.to_empty(device=device)
     model.load_weights(state_dict)
     model = model.to(resolve_dtype(dtype, device)).eval().requires_grad_(False)
     model.inv_freq = rope_inv_freq(model_config).to(device)  # RoPE frequencies stay float32
-    quantize_model(model, quantization)
+    if normalize_quantization(quantization) == INT4:
+        from replica.engine.models.gguf_linear import quantize_int4
+
+        quantize_int4(model, blocks or {})
+        model.quantization = INT4
+    else:
+        quantize_model(model, quantization)
     return model

@@ -26,6 +26,7 @@ from models_registry.models import Node, Replica, ScalingPolicy
 from models_registry.services import ensure_model_version
 from tenants.services import create_api_key, create_tenant
 from tests.e2e.conftest import LOG_DIR, SMOLLM2_WEIGHTS, platform_env
+from tests.support.billing import priced
 from tests.support.fleet import Control, start_agents, stop_fleet
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
@@ -51,7 +52,7 @@ async def _health_check() -> dict[int, str]:
 
 def test_extreme_values_are_served_and_a_dead_engine_is_failed_and_replaced(transactional_db, live_server_url):
     run = settings.REDIS_KEY_PREFIX.strip(":").split("-")[-1]
-    version = ensure_model_version("chat-small", 1, SMOLLM2_WEIGHTS, context_length=8192)
+    version = priced(ensure_model_version("chat-small", 1, SMOLLM2_WEIGHTS, context_length=8192))
     ScalingPolicy.objects.create(model_version=version, min_replicas=1, max_replicas=1, predictive=False,
                                  replica_cpu_slots=1, replica_memory_mib=1024)
     api_key = create_api_key(create_tenant("faults", "interactive")).raw_key

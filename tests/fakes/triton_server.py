@@ -10,6 +10,7 @@ the prompt text:
   [slow-prefill]   5 s before the first token (time to disconnect before it)
   [die-after-2]    two tokens, then an error
   [stop]           finish_reason "stop" after 3 tokens
+  [abort]          finish_reason "abort" after 2 tokens (what a draining engine ends with)
   [request-failed] error "request failed: ..." (this request failed alone inside the engine)
   [kill-engine]    error "engine failed: ..." (the engine died serving it); from then on the
                    fake's engine is dead (`engine_dead`)
@@ -141,7 +142,7 @@ class FakeTriton(service_pb2_grpc.GRPCInferenceServiceServicer):
         self.state.num_requests += 1
         text = inputs["text_input"][0].decode() if "text_input" in inputs else ""
         params = json.loads(inputs["sampling_parameters"][0]) if "sampling_parameters" in inputs else {}
-        self.state.requests.append({"text": text, "params": params,
+        self.state.requests.append({"text": text, "params": params, "request_id": request.id,
                                     "input_ids": inputs.get("input_ids"),
                                     "tenant": inputs["tenant"][0].decode() if "tenant" in inputs else "",
                                     "priority": int(inputs["priority"][0]) if "priority" in inputs else None})
@@ -170,6 +171,8 @@ class FakeTriton(service_pb2_grpc.GRPCInferenceServiceServicer):
         limit, finish = max_tokens, "length"
         if "[stop]" in text and max_tokens > 3:
             limit, finish = 3, "stop"
+        if "[abort]" in text and max_tokens > 2:
+            limit, finish = 2, "abort"
         self.state.num_running += 1
         entry = self.state.usage[request.id] = {"state": "running", "input_tokens": num_in,
                                                 "cached_tokens": 0, "output_tokens": 0,

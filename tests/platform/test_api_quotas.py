@@ -68,7 +68,7 @@ async def test_429_with_retry_after_then_a_patient_client_succeeds(client, auth,
     refused = await post(client, BODY, auth)
     assert refused.status_code == 429
     error = refused.json()["error"]
-    assert error["type"] == "rate_limit_error" and error["code"] == "rate_limit_exceeded"
+    assert error["type"] == "requests" and error["code"] == "rate_limit_exceeded"
     assert "requests" in error["message"]
     assert refused["Retry-After"] == "1"
     assert refused["x-ratelimit-remaining-requests"] == "0"

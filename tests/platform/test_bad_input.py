@@ -155,7 +155,7 @@ async def test_a_tenant_with_a_limit_of_0_is_403_suspended(client, auth, tenant,
     for path, body in ROUTES.items():
         error = assert_error(await post(client, path, body, {**auth, "Idempotency-Key": path}),
                              403, "tenant_suspended")
-        assert error["type"] == "permission_error"
+        assert error["type"] == "invalid_request_error"
     # A refusal before admission (400) still reports the buckets, limit 0 and all.
     response = await post(client, "/v1/chat/completions", {**CHAT, "max_tokens": 0}, auth)
     assert_error(response, 400, param="max_tokens")

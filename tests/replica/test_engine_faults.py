@@ -21,8 +21,9 @@ EXTREME = {
     "tiny_top_p": SamplingParams(max_tokens=6, temperature=1.0, top_p=1e-45, seed=2, ignore_eos=True),
     "huge_top_k": SamplingParams(max_tokens=6, temperature=1.0, top_k=10**18, seed=3, ignore_eos=True),
     "hot": SamplingParams(max_tokens=6, temperature=100.0, top_p=1e-45, top_k=1 << 40, seed=4, ignore_eos=True),
-    "huge_seed": SamplingParams(max_tokens=6, temperature=0.7, seed=(1 << 200) + 5, ignore_eos=True),
-    "negative_seed": SamplingParams(max_tokens=6, temperature=0.7, seed=-(1 << 70), ignore_eos=True),
+    # Seeds outside 64 bits are refused when the parameters are built (test_sampling.py).
+    "largest_seed": SamplingParams(max_tokens=6, temperature=0.7, seed=(1 << 63) - 1, ignore_eos=True),
+    "smallest_seed": SamplingParams(max_tokens=6, temperature=0.7, seed=-(1 << 63), ignore_eos=True),
     "huge_max_tokens": SamplingParams(max_tokens=10**30, temperature=0.0, stop_token_ids=(10**30,)),
 }
 

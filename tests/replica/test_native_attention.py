@@ -8,9 +8,10 @@ from replica.engine.runner import native
 from replica.engine.runner.attention import AttentionMetadata, paged_attention
 
 
-@pytest.fixture(scope="module")
-def kernel():
-    k = native.load()
+@pytest.fixture(scope="module", params=[False, True], ids=["best", "portable"])
+def kernel(request):
+    """The kernel as the engine loads it (AVX-512 where the CPU has it) and its portable build."""
+    k = native.load(portable=request.param)
     if k is None:
         pytest.skip("no C compiler here: the engine runs the PyTorch path (tested elsewhere)")
     return k
@@ -33,15 +34,42 @@ def test_native_decode_equals_torch(kernel, nh, kvh):
     torch.testing.assert_close(ours, ref, atol=1e-5, rtol=1e-4)
 
 
-def test_engine_without_native_kernel_still_matches_hf(monkeypatch):
-    from tests.replica.test_engine_vs_hf import _prompts
-    from tests.replica.tiny_llama import TINY, hf_greedy, hf_model, our_engine
-    from replica.engine.sampling_params import SamplingParams
+def _random_paged(seed, dtype, nh, kvh, hd, bs, lens):
+    """Pools of `dtype`, random block tables (distinct blocks per sequence, padded with
+    garbage block ids past each sequence's last block), queries in `dtype`."""
+    g = torch.Generator().manual_seed(seed)
+    num_blocks = 2 * (max(lens) + bs - 1) // bs + 8
+    k_pool = torch.randn(num_blocks, bs, kvh, hd, generator=g).to(dtype)
+    v_pool = torch.randn(num_blocks, bs, kvh, hd, generator=g).to(dtype)
+    lens = torch.tensor(lens)
+    max_blocks = int((lens.max() + bs - 1) // bs)
+    tables = torch.stack([torch.randperm(num_blocks, generator=g)[:max_blocks] for _ in lens])
+    q = (torch.randn(len(lens), nh, hd, generator=g) * 2).to(dtype)
+    return q, k_pool, v_pool, tables, lens
 
-    monkeypatch.setenv("LLM_PLATFORM_NO_NATIVE", "1")
-    hf = hf_model(TINY)
-    engine = our_engine(TINY, {k: v.clone() for k, v in hf.state_dict().items()})
-    assert engine.core.runner.native_attention is None
-    prompts = _prompts(3, seed=9)
-    got = engine.generate(prompts, SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True))
-    assert got == [hf_greedy(hf, p, 8) for p in prompts]
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("nh,kvh,hd,bs", [(9, 3, 64, 16), (4, 4, 32, 8), (8, 1, 128, 32), (6, 2, 64, 1)])
+def test_native_decode_equals_float32_reference_per_dtype(kernel, dtype, nh, kvh, hd, bs):
+    """The kernel widens K/V exactly and computes in float32: it equals a float32 PyTorch
+    reference on the widened pool up to float32 rounding, then one rounding to `dtype`."""
+    q, k_pool, v_pool, tables, lens = _random_paged(nh + hd + bs, dtype, nh, kvh, hd, bs, [1, 7, 16, 17, 100, 333])
+    meta = dict(slot_mapping=torch.zeros(0, dtype=torch.long), decode_token_idx=torch.arange(len(lens)),
+                decode_block_tables=tables, decode_context_lens=lens, prefills=[])
+    ours = paged_attention(q, None, None, k_pool, v_pool, AttentionMetadata(**meta, decode_mask=None, native=kernel), 0.125)
+    assert ours.dtype == dtype
+    mask = (torch.arange(tables.shape[1] * bs)[None] < lens[:, None]).view(len(lens), 1, 1, -1)
+    ref = paged_attention(q.float(), None, None, k_pool.float(), v_pool.float(),
+                          AttentionMetadata(**meta, decode_mask=mask, native=None), 0.125)
+    tol = {torch.float32: dict(atol=1e-5, rtol=1e-4), torch.bfloat16: dict(atol=1e-2, rtol=8e-3),
+           torch.float16: dict(atol=1e-3, rtol=1e-3)}[dtype]
+    torch.testing.assert_close(ours.float(), ref, **tol)
+    # and the PyTorch path in the engine's own dtype (what runs without the kernel) is close too
+    torch_path = paged_attention(q, None, None, k_pool, v_pool, AttentionMetadata(**meta, decode_mask=mask, native=None), 0.125)
+    torch.testing.assert_close(ours.float(), torch_path.float(), atol=3e-2, rtol=3e-2)
+
+
+def test_native_decode_refuses_shapes_beyond_its_buffers(kernel):
+    q, k_pool, v_pool, tables, lens = _random_paged(1, torch.float32, 2, 1, 512, 4, [5])
+    with pytest.raises(ValueError, match="limits"):
+        kernel.decode(q, k_pool, v_pool, tables, lens, 0.1)

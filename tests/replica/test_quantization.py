@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from replica.backend.model_parameters import ModelParameters
-from replica.engine.config import CHECKPOINT_FORMATS, EngineConfig, QuantizationNotBuilt, normalize_quantization
+from replica.engine.config import CHECKPOINT_FORMATS, EngineConfig, normalize_quantization
 from replica.engine.llm_engine import LLMEngine, build_model
 from replica.engine.models.gguf_quants import GGML_TYPES
 from replica.engine.models.quantization import Int8Embedding, Int8Linear, quantize_int8, weight_bytes
@@ -35,16 +35,15 @@ def test_checkpoint_formats_are_the_gguf_types_the_loader_reads():
     assert CHECKPOINT_FORMATS == readable
 
 
-def test_int4_is_refused_as_not_built_and_unknown_names_are_refused():
-    with pytest.raises(QuantizationNotBuilt, match="int4 weights are not built"):
-        normalize_quantization("int4")
+def test_int4_is_built_and_unknown_names_are_refused():
+    assert normalize_quantization("INT4") == "int4"
     with pytest.raises(ValueError, match="unknown quantization 'fp8'"):
         normalize_quantization("fp8")
 
 
-def test_unbuilt_quantization_fails_before_the_checkpoint_is_read():
-    config = EngineConfig(model_path="/nonexistent.gguf", quantization="int4")
-    with pytest.raises(QuantizationNotBuilt):
+def test_unknown_quantization_fails_before_the_checkpoint_is_read():
+    config = EngineConfig(model_path="/nonexistent.gguf", quantization="fp8")
+    with pytest.raises(ValueError, match="unknown quantization"):
         LLMEngine.from_config(config)
 
 
@@ -52,8 +51,9 @@ def test_launch_takes_a_model_version_value():
     assert parse_args(["--model", "m", *PORTS]).quantization == "none"
     assert parse_args(["--model", "m", *PORTS, "--quantization", ""]).quantization == "none"
     assert parse_args(["--model", "m", *PORTS, "--quantization", "int8"]).quantization == "int8"
+    assert parse_args(["--model", "m", *PORTS, "--quantization", "int4"]).quantization == "int4"
     with pytest.raises(SystemExit):
-        parse_args(["--model", "m", *PORTS, "--quantization", "int4"])
+        parse_args(["--model", "m", *PORTS, "--quantization", "fp8"])
 
 
 def test_model_parameters_carry_it_into_the_engine_config():

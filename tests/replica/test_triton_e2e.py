@@ -301,6 +301,43 @@ def test_metrics_port_says_what_the_engine_runs(replica):
     assert "loaded: compute dtype float32 (asked float32), quantization none" in server_log
 
 
+@pytest.mark.asyncio
+async def test_request_id_in_the_log_and_vllm_metrics_move(replica):
+    """Triton's request id names the request in the replica's log; vLLM's names are exported
+    (routers of the field read them) and a request moves TTFT and inter-token histograms."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    def samples() -> dict:
+        text = urllib.request.urlopen(replica.metrics_url, timeout=5).read().decode()
+        return {(s.name, s.labels.get("le")): s.value for f in text_string_to_metric_families(text)
+                for s in f.samples if s.name.startswith("vllm:")}
+
+    before = samples()
+    client = grpc_aio.InferenceServerClient(replica.grpc_url)
+
+    async def one():
+        yield {"model_name": MODEL, "inputs": _inputs(PROMPTS[0], 4), "request_id": "trace-e2e-1"}
+
+    try:
+        async for response, error in client.stream_infer(one()):
+            assert error is None
+            if response.as_numpy("final")[0]:
+                break
+    finally:
+        await client.close()
+    after = await asyncio.to_thread(samples)
+    for name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
+                 "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total"):
+        assert (name, None) in after, name
+    assert after[("vllm:time_to_first_token_seconds_count", None)] == before.get(
+        ("vllm:time_to_first_token_seconds_count", None), 0) + 1
+    assert after[("vllm:inter_token_latency_seconds_count", None)] >= before.get(
+        ("vllm:inter_token_latency_seconds_count", None), 0) + 3
+    ready = next(line for line in replica.lines if line.startswith("replica ready:"))
+    server_log = Path(re.search(r"\(log: (\S+)\)", ready).group(1)).read_text()
+    assert "request trace-e2e-1: " in server_log
+
+
 def test_missing_weights_fails_at_launch_with_a_clear_message(tmp_path):
     grpc_port, http_port, metrics_port = free_ports(3)
     missing = tmp_path / "nope.gguf"

@@ -43,7 +43,8 @@ def hf_greedy(model, prompt: list[int], max_new_tokens: int) -> list[int]:
     return out[0, len(prompt):].tolist()
 
 
-def our_engine(c: ModelConfig, state_dict, *, kv_cache_bytes=1 << 20, **engine_kwargs) -> LLMEngine:
-    config = EngineConfig(model_path="<memory>", dtype="float32", kv_cache_bytes=kv_cache_bytes, **engine_kwargs)
-    model = build_model(c, state_dict, "float32", "cpu")
+def our_engine(c: ModelConfig, state_dict, *, kv_cache_bytes=1 << 20, dtype: str = "float32",
+               **engine_kwargs) -> LLMEngine:
+    config = EngineConfig(model_path="<memory>", dtype=dtype, kv_cache_bytes=kv_cache_bytes, **engine_kwargs)
+    model = build_model(c, state_dict, dtype, "cpu")
     return LLMEngine(config, c, model, ByteDecoder())

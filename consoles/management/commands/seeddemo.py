@@ -26,9 +26,10 @@ class Command(BaseCommand):
         # A version without a price may not serve: the demo's, per million tokens (SmolLM2-135M).
         if not Price.objects.filter(model_version=version).exists():
             set_price(version, timezone.now(), "0.05", "0.10", cached_input_per_million="0.025")
-        # One replica on one node: on a 2-core machine a second adds no capacity.
+        # One replica on one node, with both of a 2-core machine's CPU slots (its torch threads):
+        # a second replica adds no capacity.
         ScalingPolicy.objects.get_or_create(model_version=version, defaults={
-            "min_replicas": 1, "max_replicas": 1, "replica_cpu_slots": 1,
+            "min_replicas": 1, "max_replicas": 1, "replica_cpu_slots": 2,
             "replica_memory_mib": 1024, "default_load_seconds": 10.0})
         if Tenant.objects.filter(name="demo").exists():
             self.stdout.write("tenant demo exists; a new key: python manage.py createapikey demo")

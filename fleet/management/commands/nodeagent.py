@@ -22,7 +22,8 @@ class Command(BaseCommand):
         parser.add_argument("--cpu-slots", type=int, default=2)
         parser.add_argument("--memory-mib", type=int, default=4096)
         parser.add_argument("--heartbeat-s", type=float, default=2.0)
-        parser.add_argument("--replica-threads", type=int, default=1)
+        parser.add_argument("--replica-threads", type=int, default=0,
+                            help="torch threads per replica; 0 (default): its reserved CPU slots")
         parser.add_argument("--drain-grace-s", type=float, default=30.0)
         parser.add_argument("--loglevel", default="INFO")
 

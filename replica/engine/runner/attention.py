@@ -30,7 +30,7 @@ class AttentionMetadata:
     decode_mask: torch.Tensor | None  # [B, 1, 1, max_blocks * block_size] bool: True = attend
     decode_context_lens: torch.Tensor | None  # [B] long
     prefills: list[PrefillSeq]
-    native: Any = None  # a native.NativeAttention for float32 on the CPU, else None
+    native: Any = None  # a native.NativeAttention on the CPU (float32, bfloat16, float16 KV), else None
 
 
 def write_kv(k_pool: torch.Tensor, v_pool: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor) -> None:

@@ -41,7 +41,7 @@ class ModelRunner:
             for _ in range(c.num_layers)
         ]
         self.sampler = Sampler()
-        use_native = device.type == "cpu" and dtype == torch.float32
+        use_native = device.type == "cpu" and native.NativeAttention.supports(dtype)
         self.native_attention = native.load() if use_native else None
 
     def _prepare(self, out: SchedulerOutput):

@@ -1,4 +1,8 @@
-"""The C decode-attention kernel (csrc/paged_attention.c), compiled once per machine and source.
+"""The C kernels (csrc/), compiled once per machine and source: decode attention
+(paged_attention.c) and the GGUF-block matrix product (gguf_matmul.c).
+
+Decode attention reads K/V pools of float32, bfloat16 or float16 (`KV_DTYPES`) where they lie and
+computes in float32; queries go in as float32 and the output comes back in the query's dtype.
 
 Compiled with the system C compiler into a cache folder keyed by the source hash; loaded with
 ctypes (calls release the GIL). Where no compiler is found or the build fails, `load()` returns
@@ -19,8 +23,12 @@ import torch
 
 log = logging.getLogger(__name__)
 
-_SOURCE = Path(__file__).parent / "csrc" / "paged_attention.c"
-_FLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp", "-shared", "-fPIC"]
+_CSRC = Path(__file__).parent / "csrc"
+_SOURCE = _CSRC / "paged_attention.c"
+# not -ffast-math: it assumes no infinities; these allow vectorised reductions and nothing more
+_FLAGS = ["-O3", "-march=native", "-fno-math-errno", "-fno-trapping-math", "-fno-signed-zeros",
+          "-fassociative-math", "-fopenmp", "-shared", "-fPIC"]
+KV_DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 
 
 def _cache_dir() -> Path:
@@ -28,7 +36,7 @@ def _cache_dir() -> Path:
     return Path(root) / "native"
 
 
-def _build(target: Path) -> bool:
+def _build(target: Path, flags: list[str], source: Path = _SOURCE) -> bool:
     cc = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
     if cc is None:
         log.warning("no C compiler found; decode attention uses the PyTorch path")
@@ -36,10 +44,10 @@ def _build(target: Path) -> bool:
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         tmp_out = Path(tmp) / target.name
-        result = subprocess.run([cc, *_FLAGS, str(_SOURCE), "-o", str(tmp_out), "-lm"],
+        result = subprocess.run([cc, *flags, str(source), "-o", str(tmp_out), "-lm"],
                                 capture_output=True, text=True)
         if result.returncode != 0:
-            log.warning("building %s failed; decode attention uses the PyTorch path:\n%s", _SOURCE.name, result.stderr)
+            log.warning("building %s failed; the PyTorch path runs instead:\n%s", source.name, result.stderr)
             return False
         os.replace(tmp_out, target)  # atomic: concurrent builders never load a half-written file
     return True
@@ -48,32 +56,76 @@ def _build(target: Path) -> bool:
 class NativeAttention:
     def __init__(self, lib: ctypes.CDLL) -> None:
         fn = lib.paged_decode_attention
-        fn.restype = None
-        fn.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 6 + [ctypes.c_float]
+        fn.restype = ctypes.c_int
+        fn.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 6 + [ctypes.c_float] + [ctypes.c_int64] * 2
         self._fn = fn
+
+    @staticmethod
+    def supports(kv_dtype: torch.dtype) -> bool:
+        return kv_dtype in KV_DTYPES
 
     def decode(self, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
                block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float) -> torch.Tensor:
-        # q: [B, nh, hd] float32 contiguous; pools: [num_blocks, bs, kvh, hd]; -> [B, nh, hd]
-        q = q.contiguous()
-        out = torch.empty_like(q)
+        """q: [B, nh, hd]; pools: [num_blocks, bs, kvh, hd] contiguous, one of KV_DTYPES;
+        block_tables: [B, max_blocks] int64 (entries past a sequence's blocks are not read);
+        context_lens: [B] int64. -> [B, nh, hd] in q's dtype."""
+        q32 = q.to(torch.float32).contiguous()
+        out = torch.empty_like(q32)
         b, nh, hd = q.shape
         _, bs, kvh, _ = k_pool.shape
-        self._fn(q.data_ptr(), k_pool.data_ptr(), v_pool.data_ptr(), block_tables.data_ptr(),
-                 context_lens.data_ptr(), out.data_ptr(), b, nh, kvh, hd, bs, block_tables.shape[1], scale)
-        return out
+        status = self._fn(q32.data_ptr(), k_pool.data_ptr(), v_pool.data_ptr(), block_tables.data_ptr(),
+                          context_lens.data_ptr(), out.data_ptr(), b, nh, kvh, hd, bs, block_tables.shape[1],
+                          scale, KV_DTYPES[k_pool.dtype], torch.get_num_threads())
+        if status != 0:
+            raise ValueError(f"paged_decode_attention: shape out of the kernel's limits (nh={nh}, kvh={kvh}, "
+                             f"hd={hd}, block_size={bs})")
+        return out.to(q.dtype)
 
 
-def load() -> NativeAttention | None:
+def _library(source: Path, portable: bool) -> ctypes.CDLL | None:
     if os.environ.get("LLM_PLATFORM_NO_NATIVE"):
         return None
-    source = _SOURCE.read_bytes()
-    key = hashlib.sha256(source + " ".join(_FLAGS).encode()).hexdigest()[:16]
-    target = _cache_dir() / f"paged_attention-{key}.so"
-    if not target.exists() and not _build(target):
+    flags = _FLAGS + (["-DNATIVE_PORTABLE"] if portable else [])
+    key = hashlib.sha256(source.read_bytes() + " ".join(flags).encode()).hexdigest()[:16]
+    target = _cache_dir() / f"{source.stem}-{key}.so"
+    if not target.exists() and not _build(target, flags, source):
         return None
     try:
-        return NativeAttention(ctypes.CDLL(str(target)))
+        return ctypes.CDLL(str(target))
     except OSError as exc:
-        log.warning("loading %s failed (%s); decode attention uses the PyTorch path", target, exc)
+        log.warning("loading %s failed (%s); the PyTorch path runs instead", target, exc)
         return None
+
+
+def load(portable: bool = False) -> NativeAttention | None:
+    """The decode-attention kernel, built on first use; None where it cannot be built (or
+    LLM_PLATFORM_NO_NATIVE is set). `portable`: without the AVX-512 code path (tests compare both)."""
+    lib = _library(_SOURCE, portable)
+    return None if lib is None else NativeAttention(lib)
+
+
+class GGUFMatmul:
+    """y = x @ W^T with W in GGUF Q4_0 / Q4_1 / Q8_0 blocks (csrc/gguf_matmul.c)."""
+
+    TYPES = {"Q4_0": 2, "Q4_1": 3, "Q8_0": 8}
+
+    def __init__(self, lib: ctypes.CDLL) -> None:
+        fn = lib.gguf_matmul
+        fn.restype = ctypes.c_int
+        fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p] + [ctypes.c_int64] * 4
+        self._fn = fn
+
+    def __call__(self, blocks: torch.Tensor, type_name: str, x: torch.Tensor, out_features: int) -> torch.Tensor:
+        """blocks: uint8 [N, row bytes] contiguous; x: [M, K] (any float dtype) -> [M, N] float32."""
+        x32 = x.to(torch.float32).contiguous()
+        y = torch.empty(x32.shape[0], out_features, dtype=torch.float32)
+        status = self._fn(blocks.data_ptr(), self.TYPES[type_name], x32.data_ptr(), y.data_ptr(),
+                          x32.shape[0], out_features, x32.shape[1], torch.get_num_threads())
+        if status != 0:
+            raise ValueError(f"gguf_matmul: unsupported {type_name} or shape {tuple(x.shape)}")
+        return y
+
+
+def load_gguf_matmul(portable: bool = False) -> GGUFMatmul | None:
+    lib = _library(_CSRC / "gguf_matmul.c", portable)
+    return None if lib is None else GGUFMatmul(lib)

@@ -2,60 +2,247 @@
  *
  * Reading K and V where they lie avoids the gather that the PyTorch path needs (which reads
  * the pool, writes a padded copy and reads that again). Built at run time by native.py with
- * -O3 -march=native -fopenmp; OpenMP here binds to the libgomp PyTorch already loaded.
+ * -O3 -march=native -fopenmp; OpenMP here binds to the libgomp PyTorch already loaded, so
+ * num_threads (the caller passes torch.get_num_threads(): OpenMP's own default is per calling
+ * thread, and the engine steps on a thread of its own) share the (sequence, kv head) pairs.
  *
- * Layouts (row-major, float32):
- *   q, out       [B, nh, hd]
- *   k/v pools    [num_blocks, block_size, kvh, hd]
+ * Layouts (row-major):
+ *   q, out       [B, nh, hd] float32 (the caller converts; B * nh * hd values are few)
+ *   k/v pools    [num_blocks, block_size, kvh, hd] in float32, bfloat16 or float16 (kv_dtype)
  *   block_tables [B, max_blocks] int64;  context_lens [B] int64
+ *
+ * Two implementations of the same arithmetic: an AVX-512 one (head dim a multiple of 16, when
+ * the compiler targets AVX-512: 16-lane loads that widen bfloat16/float16, a vector exp, tokens in
+ * chunks of 16) and a portable one the compiler vectorises as it can (any head dim, any CPU);
+ * -DNATIVE_PORTABLE (native.load(portable=True)) builds the portable one alone, for its tests.
+ *
+ * Arithmetic: every K/V element is widened to float32 exactly (bfloat16 and float16 are subsets
+ * of float32), dot products, softmax and the weighted sum run in float32. Softmax is computed
+ * block by block with a running maximum (one rescale of the accumulator per block, not per
+ * token), so K and V of a block are read once, one after the other, while both are in cache.
  */
 #include <math.h>
 #include <stdint.h>
-#include <stdlib.h>
 #include <string.h>
 
-void paged_decode_attention(const float *q, const float *k_pool, const float *v_pool,
-                            const int64_t *block_tables, const int64_t *context_lens,
-                            float *out, int64_t B, int64_t nh, int64_t kvh, int64_t hd,
-                            int64_t block_size, int64_t max_blocks, float scale) {
+enum { KV_F32 = 0, KV_BF16 = 1, KV_F16 = 2 };
+
+#define MAX_HD 256
+#define MAX_GROUP 16
+#define MAX_BS 256
+
+static inline float bf16_to_f32(uint16_t h) {
+    union { uint32_t u; float f; } v = { (uint32_t)h << 16 };
+    return v.f;
+}
+
+#if defined(__FLT16_MAX__)
+static inline float f16_to_f32(uint16_t h) {
+    _Float16 x;
+    memcpy(&x, &h, 2);
+    return (float)x;
+}
+#else
+static inline float f16_to_f32(uint16_t h) { /* IEEE half -> float, subnormals included */
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff;
+    union { uint32_t u; float f; } v;
+    if (exp == 0x1f) v.u = sign | 0x7f800000 | (man << 13);
+    else if (exp) v.u = sign | ((exp + 112) << 23) | (man << 13);
+    else { v.f = (float)man * (1.0f / 16777216.0f); v.u |= sign; }
+    return v.f;
+}
+#endif
+
+/* n values of one pool row (any kv dtype) -> float32; the loops vectorise under -march=native */
+static inline void widen(const void *pool, int64_t offset, int64_t n, int kv_dtype, float *dst) {
+    if (kv_dtype == KV_F32) {
+        memcpy(dst, (const float *)pool + offset, sizeof(float) * n);
+    } else if (kv_dtype == KV_BF16) {
+        const uint16_t *src = (const uint16_t *)pool + offset;
+        for (int64_t d = 0; d < n; d++) dst[d] = bf16_to_f32(src[d]);
+    } else {
+        const uint16_t *src = (const uint16_t *)pool + offset;
+        for (int64_t d = 0; d < n; d++) dst[d] = f16_to_f32(src[d]);
+    }
+}
+
+#if defined(__AVX512F__) && !defined(NATIVE_PORTABLE)
+#include <immintrin.h>
+#define HAVE_AVX512 1
+
+/* 16 pool values at `offset` (of a compile-time kv dtype once inlined) -> float32, exactly */
+static inline __attribute__((always_inline)) __m512 load16(const void *pool, int64_t offset, int kv_dtype) {
+    if (kv_dtype == KV_F32) return _mm512_loadu_ps((const float *)pool + offset);
+    const __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)pool + offset));
+    if (kv_dtype == KV_BF16) return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    return _mm512_cvtph_ps(h);
+}
+
+/* exp on 16 lanes (Cephes' expf: range reduction by ln 2, degree-6 polynomial; within 2 ulp of
+ * expf over the range softmax uses, x <= 0) */
+static inline __m512 exp16(__m512 x) {
+    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    return _mm512_scalef_ps(p, n);
+}
+
+/* One (sequence, kv head) pair, hd a multiple of 16: tokens in chunks of up to 16 (never across
+ * a block boundary), a chunk's scores one vector per query head, one rescale per chunk. */
+static inline __attribute__((always_inline)) void attend_avx512(
+        const float *qg, const void *k_pool, const void *v_pool, const int64_t *table, int64_t len,
+        int64_t group, int64_t hd, int64_t kh, int64_t block_size, int64_t token_stride, float scale,
+        float *og, int kv_dtype) {
+    const int64_t nv = hd / 16;
+    __m512 qv[MAX_GROUP][MAX_HD / 16], acc[MAX_GROUP][MAX_HD / 16];
+    float m[MAX_GROUP], l[MAX_GROUP];
+    float sc[MAX_GROUP][16] __attribute__((aligned(64)));
+    for (int64_t g = 0; g < group; g++) {
+        for (int64_t j = 0; j < nv; j++) {
+            qv[g][j] = _mm512_mul_ps(_mm512_loadu_ps(qg + g * hd + 16 * j), _mm512_set1_ps(scale));
+            acc[g][j] = _mm512_setzero_ps();
+        }
+        m[g] = 0.f;
+        l[g] = 0.f;
+    }
+    for (int64_t start = 0; start < len;) {
+        const int64_t in_block = start % block_size;
+        int64_t n = block_size - in_block;
+        if (n > 16) n = 16;
+        if (n > len - start) n = len - start;
+        const int64_t base = (table[start / block_size] * block_size + in_block) * token_stride + kh * hd;
+        for (int64_t t = 0; t < n; t++) {
+            const int64_t row = base + t * token_stride;
+            for (int64_t g = 0; g < group; g++) {
+                __m512 dot = _mm512_mul_ps(qv[g][0], load16(k_pool, row, kv_dtype));
+                for (int64_t j = 1; j < nv; j++)
+                    dot = _mm512_fmadd_ps(qv[g][j], load16(k_pool, row + 16 * j, kv_dtype), dot);
+                sc[g][t] = _mm512_reduce_add_ps(dot);
+            }
+        }
+        const __mmask16 valid = (__mmask16)((1u << n) - 1u);
+        for (int64_t g = 0; g < group; g++) {
+            const __m512 s = _mm512_maskz_loadu_ps(valid, sc[g]);
+            float chunk_max = _mm512_mask_reduce_max_ps(valid, s);
+            if (start && m[g] > chunk_max) chunk_max = m[g];
+            const __m512 p = _mm512_maskz_mov_ps(valid, exp16(_mm512_sub_ps(s, _mm512_set1_ps(chunk_max))));
+            _mm512_store_ps(sc[g], p);
+            if (start) {
+                const float correction = expf(m[g] - chunk_max);
+                l[g] *= correction;
+                if (correction != 1.f)
+                    for (int64_t j = 0; j < nv; j++) acc[g][j] = _mm512_mul_ps(acc[g][j], _mm512_set1_ps(correction));
+            }
+            l[g] += _mm512_reduce_add_ps(p);
+            m[g] = chunk_max;
+        }
+        for (int64_t t = 0; t < n; t++) {
+            const int64_t row = base + t * token_stride;
+            for (int64_t j = 0; j < nv; j++) {
+                const __m512 v = load16(v_pool, row + 16 * j, kv_dtype);
+                for (int64_t g = 0; g < group; g++)
+                    acc[g][j] = _mm512_fmadd_ps(_mm512_set1_ps(sc[g][t]), v, acc[g][j]);
+            }
+        }
+        start += n;
+    }
+    for (int64_t g = 0; g < group; g++) {
+        const __m512 inv = _mm512_set1_ps(l[g] > 0.f ? 1.f / l[g] : 0.f);
+        for (int64_t j = 0; j < nv; j++) _mm512_storeu_ps(og + g * hd + 16 * j, _mm512_mul_ps(acc[g][j], inv));
+    }
+}
+#else
+#define HAVE_AVX512 0
+#endif
+
+/* Returns 0, or -1 when a dimension exceeds the stack buffers (the caller then uses PyTorch). */
+int paged_decode_attention(const float *q, const void *k_pool, const void *v_pool,
+                           const int64_t *block_tables, const int64_t *context_lens,
+                           float *out, int64_t B, int64_t nh, int64_t kvh, int64_t hd,
+                           int64_t block_size, int64_t max_blocks, float scale, int64_t kv_dtype,
+                           int64_t num_threads) {
     const int64_t group = nh / kvh;
+    if (hd > MAX_HD || group > MAX_GROUP || block_size > MAX_BS || group * kvh != nh) return -1;
     const int64_t token_stride = kvh * hd;
-#pragma omp parallel for collapse(2) schedule(dynamic, 1)
+#pragma omp parallel for collapse(2) schedule(dynamic, 1) num_threads(num_threads)
     for (int64_t b = 0; b < B; b++) {
         for (int64_t kh = 0; kh < kvh; kh++) {
+#if HAVE_AVX512
+            if (hd % 16 == 0) {
+                const float *qa = q + (b * nh + kh * group) * hd;
+                float *oa = out + (b * nh + kh * group) * hd;
+                const int64_t *ta = block_tables + b * max_blocks;
+                if (kv_dtype == KV_BF16)
+                    attend_avx512(qa, k_pool, v_pool, ta, context_lens[b], group, hd, kh, block_size, token_stride, scale, oa, KV_BF16);
+                else if (kv_dtype == KV_F16)
+                    attend_avx512(qa, k_pool, v_pool, ta, context_lens[b], group, hd, kh, block_size, token_stride, scale, oa, KV_F16);
+                else
+                    attend_avx512(qa, k_pool, v_pool, ta, context_lens[b], group, hd, kh, block_size, token_stride, scale, oa, KV_F32);
+                continue;
+            }
+#endif
+            float kf[MAX_HD], vf[MAX_HD];
+            float scores[MAX_GROUP][MAX_BS];
+            float acc[MAX_GROUP][MAX_HD];
+            float m[MAX_GROUP], l[MAX_GROUP];
             const int64_t len = context_lens[b];
             const int64_t *table = block_tables + b * max_blocks;
-            float *scores = (float *)malloc(sizeof(float) * group * len);
             const float *qg = q + (b * nh + kh * group) * hd;
-            for (int64_t t = 0; t < len; t++) {
-                const float *k = k_pool + (table[t / block_size] * block_size + t % block_size) * token_stride + kh * hd;
-                for (int64_t g = 0; g < group; g++) {
-                    const float *qh = qg + g * hd;
-                    float s = 0.f;
-                    for (int64_t d = 0; d < hd; d++) s += qh[d] * k[d];
-                    scores[g * len + t] = s * scale;
-                }
-            }
             for (int64_t g = 0; g < group; g++) {
-                float *sg = scores + g * len;
-                float m = -INFINITY;
-                for (int64_t t = 0; t < len; t++) m = sg[t] > m ? sg[t] : m;
-                float sum = 0.f;
-                for (int64_t t = 0; t < len; t++) { sg[t] = expf(sg[t] - m); sum += sg[t]; }
-                const float inv = 1.f / sum;
-                for (int64_t t = 0; t < len; t++) sg[t] *= inv;
+                m[g] = 0.f; /* unused until the first block sets it */
+                l[g] = 0.f;
+                memset(acc[g], 0, sizeof(float) * hd);
+            }
+            for (int64_t start = 0; start < len; start += block_size) {
+                const int64_t n = len - start < block_size ? len - start : block_size;
+                const int64_t base = table[start / block_size] * block_size * token_stride + kh * hd;
+                for (int64_t t = 0; t < n; t++) {
+                    widen(k_pool, base + t * token_stride, hd, (int)kv_dtype, kf);
+                    for (int64_t g = 0; g < group; g++) {
+                        const float *qh = qg + g * hd;
+                        float s = 0.f;
+                        for (int64_t d = 0; d < hd; d++) s += qh[d] * kf[d];
+                        scores[g][t] = s * scale;
+                    }
+                }
+                for (int64_t g = 0; g < group; g++) {
+                    float block_max = start ? m[g] : scores[g][0];
+                    for (int64_t t = 0; t < n; t++) block_max = scores[g][t] > block_max ? scores[g][t] : block_max;
+                    const float correction = start ? expf(m[g] - block_max) : 0.f;
+                    float sum = 0.f;
+                    for (int64_t t = 0; t < n; t++) {
+                        scores[g][t] = expf(scores[g][t] - block_max);
+                        sum += scores[g][t];
+                    }
+                    l[g] = l[g] * correction + sum;
+                    m[g] = block_max;
+                    if (correction != 1.f)
+                        for (int64_t d = 0; d < hd; d++) acc[g][d] *= correction;
+                }
+                for (int64_t t = 0; t < n; t++) {
+                    widen(v_pool, base + t * token_stride, hd, (int)kv_dtype, vf);
+                    for (int64_t g = 0; g < group; g++) {
+                        const float p = scores[g][t];
+                        float *a = acc[g];
+                        for (int64_t d = 0; d < hd; d++) a[d] += p * vf[d];
+                    }
+                }
             }
             float *og = out + (b * nh + kh * group) * hd;
-            memset(og, 0, sizeof(float) * group * hd);
-            for (int64_t t = 0; t < len; t++) {
-                const float *v = v_pool + (table[t / block_size] * block_size + t % block_size) * token_stride + kh * hd;
-                for (int64_t g = 0; g < group; g++) {
-                    const float p = scores[g * len + t];
-                    float *oh = og + g * hd;
-                    for (int64_t d = 0; d < hd; d++) oh[d] += p * v[d];
-                }
+            for (int64_t g = 0; g < group; g++) {
+                const float inv = l[g] > 0.f ? 1.f / l[g] : 0.f;
+                for (int64_t d = 0; d < hd; d++) og[g * hd + d] = acc[g][d] * inv;
             }
-            free(scores);
         }
     }
+    return 0;
 }

@@ -37,6 +37,7 @@ from replica.backend import error_messages
 from replica.backend.control_request import ControlRequest, control_reply
 from replica.backend.drain_watcher import DrainWatcher
 from replica.backend.engine_metrics import EngineMetrics
+from replica.backend.vllm_metrics import VllmMetrics
 from replica.backend.fault_trigger import FaultTrigger
 from replica.backend.generate_request import INPUT_NAMES, GenerateRequest
 from replica.backend.model_parameters import ModelParameters
@@ -70,6 +71,7 @@ class TritonPythonModel:
                   info["quantization"])
         self._metrics = EngineMetrics(pb_utils, {"model": args["model_name"], "version": args["model_version"]},
                                       info)
+        self._vllm_metrics = VllmMetrics(pb_utils, args["model_name"])  # vLLM's names, for routers
         # Responses go out on one sender thread, in order: a send blocks ~0.3-1 ms on IPC with the
         # server (GIL released), which then overlaps the next engine step instead of delaying it.
         self._sender = ThreadPoolExecutor(max_workers=1, thread_name_prefix="response-sender")
@@ -130,6 +132,7 @@ class TritonPythonModel:
         self._control.shutdown(wait=False, cancel_futures=True)
         self._sender.shutdown(wait=True)  # flush the final responses the loop just produced
         self._metrics.close()  # metrics before their families, before the stub tears down
+        self._vllm_metrics.close()
         _log.info("finalize: done; engine loop: %s", self._loop.timing.summary())
 
     def _submit(self, request, sender) -> None:
@@ -145,10 +148,15 @@ class TritonPythonModel:
         prefix = ""
         if generate.prepend_prompt:
             prefix = generate.text or self._tokenizer.decode(prompt_token_ids)
+        # Triton's request id (the platform sends its own request id) names the request in this
+        # replica's logs; a missing, overlong or already known one gets a fresh id.
         request_id = request.request_id() or ""
         known = request_id and self._ledger.lookup([request_id])[request_id].state != "unknown"
         if not request_id or len(request_id) > 128 or known:
             request_id = uuid.uuid4().hex  # no id, or one this replica already holds
+        _log.info("request %s: %d prompt tokens, max_tokens %s", request_id, len(prompt_token_ids),
+                  generate.params.max_tokens)
+        self._vllm_metrics.arrived(request_id)
         stream = ResponseStream(
             pb_utils, sender, request_id, stream=generate.stream, prompt_prefix=prefix, on_cancel=self._loop.abort
         )
@@ -168,6 +176,7 @@ class TritonPythonModel:
         except BaseException:
             self._forget(request_id)
             self._ledger.forget(request_id)
+            self._vllm_metrics.forget(request_id)
             raise
 
     def _on_output(self, stream: ResponseStream, output) -> None:
@@ -182,6 +191,8 @@ class TritonPythonModel:
     def _send_output(self, stream: ResponseStream, output) -> None:
         """Sender thread: the only thread that touches a ResponseStream after submit."""
         try:
+            # Observed before the send: a client that has the response also sees it counted.
+            self._vllm_metrics.output(stream.request_id, output.num_output_tokens, output.finished)
             stream.on_output(output)
         except Exception as exc:  # noqa: BLE001 - the client is gone or the response is bad: end it
             _log.exception("sending a response for %s failed; aborting it", stream.request_id)
@@ -194,6 +205,7 @@ class TritonPythonModel:
         finally:
             if output.finished:
                 self._forget(stream.request_id)
+                self._vllm_metrics.forget(stream.request_id)
 
     def _answer_control(self, command: ControlRequest, sender) -> None:
         """Control thread: abort if asked, wait, answer with the ledger's entries."""
@@ -235,6 +247,7 @@ class TritonPythonModel:
         """Sender thread: metrics, and cancellation polls for requests that produce nothing."""
         try:
             self._metrics.update(stats)
+            self._vllm_metrics.update(stats)
             with self._streams_lock:
                 streams = list(self._streams.values())
             for stream in streams:

@@ -1,0 +1,90 @@
+"""CounterLedger: the tokens the replicas say they computed, across restarts.
+
+A replica's counters (replica_prompt_tokens_total, replica_generated_tokens_total, ...) live in
+its tritonserver process and die with it. So the ledger keeps one entry per incarnation: the
+counters read when it became ready and read again just before it is SIGKILLed (or at the end,
+once every replica is idle). computed = sum over incarnations of (last read - first read).
+
+What this misses, stated rather than hidden: tokens a replica computes between the last read
+and the SIGKILL (the kill follows the read within milliseconds; at most the steps of that
+moment). Preempted sequences are recomputed and their prompt counted again
+(replica_prompt_tokens_total counts computed tokens): `preemptions` is reported alongside.
+Prompt tokens served from the prefix cache are not in replica_prompt_tokens_total; the load's
+prompts are unique from their first block, so `prefix_hit_tokens` should be 0.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import httpx
+
+from benchmarks.chaos.stack import Replica
+from inference.replica_signals import parse_metrics
+
+FIELDS = ("prompt_tokens", "generated_tokens", "prefix_hit_tokens", "preemptions")
+
+
+def read_counters(replica: Replica) -> dict[str, int]:
+    signals = parse_metrics(replica.metrics_text())
+    return {name: getattr(signals, name) or 0 for name in FIELDS}
+
+
+def read_activity(replica: Replica) -> int:
+    """Sequences running or waiting on the replica now."""
+    signals = parse_metrics(replica.metrics_text())
+    return (signals.running_seqs or 0) + (signals.waiting_seqs or 0)
+
+
+@dataclass
+class Incarnation:
+    replica: int
+    first: dict[str, int]
+    last: dict[str, int] | None = None
+    ended_by: str = ""  # "sigkill" | "end of run"
+
+    def delta(self) -> dict[str, int]:
+        last = self.last or self.first
+        return {name: last[name] - self.first[name] for name in FIELDS}
+
+
+@dataclass
+class CounterLedger:
+    incarnations: list[Incarnation] = field(default_factory=list)
+    _open: dict[int, Incarnation] = field(default_factory=dict)
+
+    def open_incarnation(self, replica: Replica) -> None:
+        inc = Incarnation(replica.index, read_counters(replica))
+        self.incarnations.append(inc)
+        self._open[replica.index] = inc
+
+    def close_incarnation(self, replica: Replica, ended_by: str = "sigkill") -> dict | None:
+        """The last read; None (and the incarnation marked unreadable: its tokens are then
+        missing from the total) when the replica's metrics port does not answer."""
+        inc = self._open.pop(replica.index)
+        inc.ended_by = ended_by
+        try:
+            inc.last = read_counters(replica)
+        except httpx.HTTPError as exc:
+            inc.ended_by += f" (counters unreadable: {type(exc).__name__})"
+        return inc.last
+
+    @property
+    def complete(self) -> bool:
+        return all(inc.last is not None for inc in self.incarnations)
+
+    def close_all(self, replicas: list[Replica]) -> None:
+        for replica in replicas:
+            if replica.index in self._open:
+                self.close_incarnation(replica, "end of run")
+
+    def totals(self) -> dict[str, int]:
+        out = {name: 0 for name in FIELDS}
+        for inc in self.incarnations:
+            for name, value in inc.delta().items():
+                out[name] += value
+        return out
+
+    def as_json(self) -> list[dict]:
+        return [{"replica": inc.replica, "first": inc.first, "last": inc.last,
+                 "ended_by": inc.ended_by or "still open", "delta": inc.delta()}
+                for inc in self.incarnations]

@@ -1,0 +1,89 @@
+"""Engine decode steps, each speed-up of issue #16 against the path it replaces, in one process.
+
+    python -m benchmarks.decode_paths [--dtype bfloat16] [--threads N] [--out FILE.json]
+
+SmolLM2-135M (the bundled Q4_1 GGUF). Two comparisons, each pair of engines stepped alternately
+(other load on the machine shifts both alike; the ratios are what count):
+  batch:  `--batch` (64) sequences of `--context` (256) tokens decoding, decode attention by the C
+          kernel vs the PyTorch path (gather + SDPA), weights in the dtype;
+  single: one sequence decoding, int4 (the file's Q4_1 blocks, block-product kernel) vs the
+          dequantised weights in the dtype.
+Prints and writes step times, tokens/s and ratios, with the CPU and thread count.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+
+import torch
+
+from benchmarks.engine import start_decoding
+from benchmarks.peer import cpu_model
+from replica.engine.config import EngineConfig
+from replica.engine.llm_engine import LLMEngine, build_model
+from replica.engine.models.gguf_linear import load_block_weights
+from replica.engine.models.loader import default_model_path, load_checkpoint
+
+
+def engine(ckpt, dtype: str, batch: int, quantization: str = "none", blocks=None, native: bool = True) -> LLMEngine:
+    if not native:
+        os.environ["LLM_PLATFORM_NO_NATIVE"] = "1"
+    try:
+        model = build_model(ckpt.config, ckpt.state_dict, dtype, "cpu", quantization=quantization, blocks=blocks)
+        config = EngineConfig(model_path=default_model_path(), dtype=dtype, quantization=quantization,
+                              kv_cache_bytes=1 << 30, max_num_seqs=max(batch, 1), max_num_batched_tokens=512)
+        return LLMEngine(config, ckpt.config, model, ckpt.tokenizer)
+    finally:
+        os.environ.pop("LLM_PLATFORM_NO_NATIVE", None)
+
+
+def alternate(engines: dict[str, LLMEngine], batch: int, context: int, steps: int) -> dict[str, float]:
+    """Median step ms of each engine, stepped in turn once all are decoding."""
+    for name, e in engines.items():
+        start_decoding(e, batch, context, 0, name)
+    times: dict[str, list[float]] = {name: [] for name in engines}
+    for _ in range(steps):
+        for name, e in engines.items():
+            t = time.perf_counter()
+            e.step()
+            times[name].append((time.perf_counter() - t) * 1e3)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--context", type=int, default=256)
+    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--out")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    ckpt = load_checkpoint(default_model_path())
+    batch = alternate({"kernel": engine(ckpt, args.dtype, args.batch),
+                       "torch": engine(ckpt, args.dtype, args.batch, native=False)}, args.batch, args.context, args.steps)
+    blocks = load_block_weights(default_model_path(), ckpt.config)
+    single = alternate({"int4": engine(ckpt, args.dtype, 1, "int4", blocks),
+                        "none": engine(ckpt, args.dtype, 1)}, 1, 128, 3 * args.steps)
+    result = {
+        "cpu": cpu_model(), "threads": args.threads, "dtype": args.dtype,
+        "batch": {"batch": args.batch, "context": args.context,
+                  "kernel_step_ms": round(batch["kernel"], 1), "torch_step_ms": round(batch["torch"], 1),
+                  "kernel_tokens_per_s": round(args.batch * 1e3 / batch["kernel"], 1),
+                  "speedup": round(batch["torch"] / batch["kernel"], 2)},
+        "single": {"int4_step_ms": round(single["int4"], 2), "none_step_ms": round(single["none"], 2),
+                   "int4_tokens_per_s": round(1e3 / single["int4"], 1), "none_tokens_per_s": round(1e3 / single["none"], 1),
+                   "speedup": round(single["none"] / single["int4"], 2)},
+    }
+    print(json.dumps(result, indent=2))
+    if args.out:
+        with open(args.out, "w") as fh:
+            json.dump(result, fh, indent=2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""The API's OpenAPI 3.1 document, built from the DRF serializers that validate requests."""

@@ -1,0 +1,124 @@
+"""int4: a GGUF checkpoint's Q4_0 / Q4_1 (and Q8_0) weight blocks served as stored.
+
+`gguf_block_weights(reader, config)` reads every projection and the embedding table as raw
+blocks (no dequantisation), rows in Hugging Face order (q/k rows un-permuted as whole rows of
+blocks). `quantize_int4(model, blocks)` then gives each fused projection (qkv, o, gate_up, down)
+and the head a GGUFLinear: for up to `KERNEL_MAX_ROWS` rows (decode) it runs the C block
+product (runner/csrc/gguf_matmul.c: 4.5 bits a weight read instead of 16, int8 activations per
+32 values as llama.cpp does); for more rows (prefill) the float GEMM on the dequantised weight
+the model already holds, which is faster there. The float weights stay (memory: the blocks
+are ~30% on top of bfloat16), so int4 changes what decode reads, not the model's footprint.
+
+Blocks exist only for GGUF files whose projections are Q4_0, Q4_1 or Q8_0; anything else makes
+int4 a ValueError at load (the launcher reports it).
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import nn
+
+from replica.engine.config import ModelConfig
+from replica.engine.models.gguf_checkpoint import _ROPE_FREQS, hf_name
+from replica.engine.models.gguf_reader import GGUFReader
+from replica.engine.runner import native
+
+BLOCK_TYPES = ("Q4_0", "Q4_1", "Q8_0")
+KERNEL_MAX_ROWS = 8  # rows up to which the block product beats the float GEMM (decode)
+
+
+class BlockWeight:
+    """One matrix as GGUF blocks: `blocks` uint8 [rows, row bytes], `type_name` in BLOCK_TYPES."""
+
+    def __init__(self, type_name: str, blocks: torch.Tensor) -> None:
+        self.type_name, self.blocks = type_name, blocks
+
+    @staticmethod
+    def cat(parts: list["BlockWeight"]) -> "BlockWeight":
+        types = {p.type_name for p in parts}
+        if len(types) != 1:
+            raise ValueError(f"fused projection of mixed block types {sorted(types)}")
+        return BlockWeight(parts[0].type_name, torch.cat([p.blocks for p in parts]))
+
+
+def _rotary_rows(num_rows: int, num_heads: int) -> np.ndarray:
+    # the same row order as gguf_checkpoint.unpermute_rotary_rows
+    return np.arange(num_rows).reshape(num_heads, num_rows // num_heads // 2, 2).transpose(0, 2, 1).reshape(-1)
+
+
+def gguf_block_weights(reader: GGUFReader, config: ModelConfig) -> dict[str, BlockWeight]:
+    """HF name -> BlockWeight for every 2-D tensor stored in one of BLOCK_TYPES."""
+    out: dict[str, BlockWeight] = {}
+    for gguf_name, info in reader.tensor_infos.items():
+        if gguf_name == _ROPE_FREQS or info.type_name not in BLOCK_TYPES or len(info.shape) != 2:
+            continue
+        name = hf_name(gguf_name)
+        rows = np.array(reader.raw(gguf_name)).reshape(info.shape[0], -1)  # a copy: the map may close
+        if ".q_proj." in name:
+            rows = rows[_rotary_rows(rows.shape[0], config.num_heads)]
+        elif ".k_proj." in name:
+            rows = rows[_rotary_rows(rows.shape[0], config.num_kv_heads)]
+        out[name] = BlockWeight(info.type_name, torch.from_numpy(np.ascontiguousarray(rows)))
+    return out
+
+
+def load_block_weights(path: str, config: ModelConfig) -> dict[str, BlockWeight]:
+    """The block weights of the checkpoint at `path`; ValueError unless it is a GGUF file."""
+    if not str(path).endswith(".gguf"):
+        raise ValueError(f"int4 serves a GGUF file's Q4_0/Q4_1 blocks; {path} is not a .gguf file")
+    return gguf_block_weights(GGUFReader(path), config)
+
+
+class GGUFLinear(nn.Module):
+    """y = x @ W.T: the block product for up to `kernel_max_rows` rows, else the float GEMM."""
+
+    def __init__(self, weight: torch.Tensor, block: BlockWeight, kernel: native.GGUFMatmul | None) -> None:
+        super().__init__()
+        self.out_features, self.in_features = weight.shape
+        if block.blocks.shape[0] != self.out_features:
+            raise ValueError(f"blocks hold {block.blocks.shape[0]} rows, the weight {self.out_features}")
+        self.weight = nn.Parameter(weight, requires_grad=False)
+        self.register_buffer("blocks", block.blocks.contiguous())
+        self.type_name = block.type_name
+        self.kernel = kernel
+        self.kernel_max_rows = KERNEL_MAX_ROWS if kernel is not None else 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] <= self.kernel_max_rows and x.device.type == "cpu":
+            return self.kernel(self.blocks, self.type_name, x, self.out_features).to(x.dtype)
+        return nn.functional.linear(x, self.weight)
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, {self.type_name} blocks "
+                f"up to {self.kernel_max_rows} rows")
+
+
+def quantize_int4(model: nn.Module, blocks: dict[str, BlockWeight]) -> None:
+    """Give a loaded (fused) LlamaForCausalLM's projections and head their GGUF blocks."""
+    kernel = native.load_gguf_matmul()
+    need = ["model.embed_tokens.weight" if model.config.tie_word_embeddings else "lm_head.weight"]
+    for i in range(model.config.num_layers):
+        p = f"model.layers.{i}."
+        need += [p + f"self_attn.{x}_proj.weight" for x in "qkvo"] + [p + f"mlp.{x}_proj.weight" for x in ("gate", "up", "down")]
+    missing = [n for n in need if n not in blocks]
+    if missing:
+        raise ValueError(f"int4 serves a GGUF file's Q4_0/Q4_1/Q8_0 blocks; these weights have none: {missing[:3]}")
+    for i, layer in enumerate(model.model.layers):
+        p = f"model.layers.{i}."
+        attn, mlp = layer.self_attn, layer.mlp
+        qkv = BlockWeight.cat([blocks[p + f"self_attn.{x}_proj.weight"] for x in "qkv"])
+        attn.qkv_proj = GGUFLinear(attn.qkv_proj.weight, qkv, kernel)
+        attn.o_proj = GGUFLinear(attn.o_proj.weight, blocks[p + "self_attn.o_proj.weight"], kernel)
+        gate_up = BlockWeight.cat([blocks[p + "mlp.gate_proj.weight"], blocks[p + "mlp.up_proj.weight"]])
+        mlp.gate_up_proj = GGUFLinear(mlp.gate_up_proj.weight, gate_up, kernel)
+        mlp.down_proj = GGUFLinear(mlp.down_proj.weight, blocks[p + "mlp.down_proj.weight"], kernel)
+    head = model.model.embed_tokens.weight if model.config.tie_word_embeddings else model.lm_head.weight
+    model.quantized_head = GGUFLinear(head, blocks[need[0]], kernel)
+
+
+def set_kernel_max_rows(model: nn.Module, rows: int) -> None:
+    """Every GGUFLinear of `model` uses its block product up to `rows` rows (tests: a whole
+    teacher-forced sequence through the kernel)."""
+    for module in model.modules():
+        if isinstance(module, GGUFLinear) and module.kernel is not None:
+            module.kernel_max_rows = rows

@@ -1,0 +1,150 @@
+/* y = x @ W^T with W kept in GGUF's Q4_0 / Q4_1 / Q8_0 blocks (never dequantised to float).
+ *
+ * For decode (a few rows of x): the weights are read once per call, 4.5-8.5 bits a value,
+ * instead of 16 (bfloat16) or 32. x is quantised per 32 values to int8 with one float scale
+ * (ggml's Q8_0 for activations); each 32-value block product is an integer dot product
+ * (AVX512-VNNI vpdpbusd: unsigned weight nibbles x signed activations) scaled once:
+ *   Q4_1 (w = d*q + m):  d_w d_x sum(q x_q) + m_w d_x sum(x_q)
+ *   Q4_0 (w = d*(q-8)):  d_w d_x (sum(q x_q) - 8 sum(x_q))
+ *   Q8_0 (w = d*q):      d_w d_x sum(q x_q)     (|q| as unsigned, x_q with q's sign)
+ * Layouts: W [N rows][K/32 blocks] of the type's records (GGUF order: rows along ne[1]); x, y
+ * row-major float32 [M, K] and [M, N]. K a multiple of 32. Parallel over output rows (N).
+ * A portable C path computes the same integer sums where AVX512-VNNI is absent (or with
+ * -DNATIVE_PORTABLE).
+ */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <math.h>
+
+enum { GGML_Q4_0 = 2, GGML_Q4_1 = 3, GGML_Q8_0 = 8 };
+#define QK 32
+#define ROWS_PER_PASS 8
+
+typedef struct { uint16_t d; uint8_t qs[16]; } __attribute__((packed)) block_q4_0;
+typedef struct { uint16_t d, m; uint8_t qs[16]; } __attribute__((packed)) block_q4_1;
+typedef struct { uint16_t d; int8_t qs[32]; } __attribute__((packed)) block_q8_0;
+
+static inline float half_to_float(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff;
+    union { uint32_t u; float f; } v;
+    if (exp == 0x1f) v.u = sign | 0x7f800000 | (man << 13);
+    else if (exp) v.u = sign | ((exp + 112) << 23) | (man << 13);
+    else { v.f = (float)man * (1.0f / 16777216.0f); v.u |= sign; }
+    return v.f;
+}
+
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__) && !defined(NATIVE_PORTABLE)
+#include <immintrin.h>
+#define HAVE_VNNI 1
+static inline __m256i dot_u8s8(__m256i u, __m256i s) { return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s); }
+static inline __m256i unpack_nibbles(const uint8_t *qs) {
+    const __m128i v = _mm_loadu_si128((const __m128i *)qs);
+    const __m128i mask = _mm_set1_epi8(0x0f);
+    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), mask), _mm_and_si128(v, mask));
+}
+static inline float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+#else
+#define HAVE_VNNI 0
+#endif
+
+/* x [M, K] -> xq int8 [M, K], xd [M, K/32] scales, xs [M, K/32] = xd * sum of the block's xq */
+static void quantize_rows(const float *x, int64_t M, int64_t K, int8_t *xq, float *xd, float *xs) {
+    for (int64_t i = 0; i < M * K / QK; i++) {
+        const float *v = x + i * QK;
+        float amax = 0.f;
+        for (int j = 0; j < QK; j++) amax = fabsf(v[j]) > amax ? fabsf(v[j]) : amax;
+        const float d = amax / 127.f, inv = d ? 1.f / d : 0.f;
+        int sum = 0;
+        for (int j = 0; j < QK; j++) {
+            const int q = (int)lrintf(v[j] * inv);
+            xq[i * QK + j] = (int8_t)q;
+            sum += q;
+        }
+        xd[i] = d;
+        xs[i] = d * (float)sum;
+    }
+}
+
+/* integer dot product of one weight block (values q, unsigned for Q4 types) with 32 int8 */
+static inline int32_t dot_block_portable(const void *blk, int type, const int8_t *xq) {
+    int32_t s = 0;
+    if (type == GGML_Q8_0) {
+        const block_q8_0 *b = blk;
+        for (int j = 0; j < QK; j++) s += (int32_t)b->qs[j] * xq[j];
+    } else {
+        const uint8_t *qs = type == GGML_Q4_1 ? ((const block_q4_1 *)blk)->qs : ((const block_q4_0 *)blk)->qs;
+        for (int j = 0; j < 16; j++) s += (int32_t)(qs[j] & 0x0f) * xq[j] + (int32_t)(qs[j] >> 4) * xq[j + 16];
+    }
+    return s;
+}
+
+static inline int64_t block_bytes(int type) {
+    return type == GGML_Q4_0 ? (int64_t)sizeof(block_q4_0) : type == GGML_Q4_1 ? (int64_t)sizeof(block_q4_1)
+                                                                               : (int64_t)sizeof(block_q8_0);
+}
+
+/* Returns 0, or -1 for an unsupported type or shape. */
+int gguf_matmul(const void *w, int64_t type, const float *x, float *y, int64_t M, int64_t N, int64_t K,
+                int64_t num_threads) {
+    if ((type != GGML_Q4_0 && type != GGML_Q4_1 && type != GGML_Q8_0) || K % QK || M < 1) return -1;
+    const int64_t nb = K / QK, bsz = block_bytes((int)type), row_bytes = nb * bsz;
+    int8_t *xq = malloc((size_t)(M * K));
+    float *xd = malloc(sizeof(float) * (size_t)(M * nb)), *xs = malloc(sizeof(float) * (size_t)(M * nb));
+    if (!xq || !xd || !xs) { free(xq); free(xd); free(xs); return -1; }
+    quantize_rows(x, M, K, xq, xd, xs);
+#pragma omp parallel for schedule(static) num_threads(num_threads)
+    for (int64_t n = 0; n < N; n++) {
+        const uint8_t *wrow = (const uint8_t *)w + n * row_bytes;
+        for (int64_t m0 = 0; m0 < M; m0 += ROWS_PER_PASS) {
+            const int64_t rows = M - m0 < ROWS_PER_PASS ? M - m0 : ROWS_PER_PASS;
+            float scalar[ROWS_PER_PASS] = {0};
+#if HAVE_VNNI
+            __m256 acc[ROWS_PER_PASS];
+            for (int64_t r = 0; r < rows; r++) acc[r] = _mm256_setzero_ps();
+#endif
+            for (int64_t b = 0; b < nb; b++) {
+                const void *blk = wrow + b * bsz;
+                float dw, mw = 0.f;
+                if (type == GGML_Q4_1) { dw = half_to_float(((const block_q4_1 *)blk)->d); mw = half_to_float(((const block_q4_1 *)blk)->m); }
+                else if (type == GGML_Q4_0) { dw = half_to_float(((const block_q4_0 *)blk)->d); mw = -8.f * dw; }
+                else dw = half_to_float(((const block_q8_0 *)blk)->d);
+#if HAVE_VNNI
+                __m256i wu, wsign = _mm256_setzero_si256();
+                if (type == GGML_Q8_0) {
+                    wsign = _mm256_loadu_si256((const __m256i *)((const block_q8_0 *)blk)->qs);
+                    wu = _mm256_sign_epi8(wsign, wsign);
+                } else {
+                    wu = unpack_nibbles(type == GGML_Q4_1 ? ((const block_q4_1 *)blk)->qs : ((const block_q4_0 *)blk)->qs);
+                }
+                for (int64_t r = 0; r < rows; r++) {
+                    const int64_t xi = (m0 + r) * nb + b;
+                    __m256i xv = _mm256_loadu_si256((const __m256i *)(xq + xi * QK));
+                    if (type == GGML_Q8_0) xv = _mm256_sign_epi8(xv, wsign);
+                    acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_u8s8(wu, xv)), _mm256_set1_ps(dw * xd[xi]), acc[r]);
+                    scalar[r] += mw * xs[xi];
+                }
+#else
+                for (int64_t r = 0; r < rows; r++) {
+                    const int64_t xi = (m0 + r) * nb + b;
+                    scalar[r] += dw * xd[xi] * (float)dot_block_portable(blk, (int)type, xq + xi * QK) + mw * xs[xi];
+                }
+#endif
+            }
+            for (int64_t r = 0; r < rows; r++) {
+#if HAVE_VNNI
+                y[(m0 + r) * N + n] = hsum8(acc[r]) + scalar[r];
+#else
+                y[(m0 + r) * N + n] = scalar[r];
+#endif
+            }
+        }
+    }
+    free(xq); free(xd); free(xs);
+    return 0;
+}

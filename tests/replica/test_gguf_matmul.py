@@ -1,0 +1,65 @@
+"""The GGUF-block matrix product (csrc/gguf_matmul.c) against the dequantised reference: the
+weights it reads from Q4_0 / Q4_1 / Q8_0 blocks are the values ggml's dequantiser gives, and its
+activations are quantised per 32 values to int8 as ggml's Q8_0 does."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from replica.engine.models.gguf_quants import dequantize
+from replica.engine.runner import native
+
+TYPE_IDS = {"Q4_0": 2, "Q4_1": 3, "Q8_0": 8}
+
+
+@pytest.fixture(scope="module", params=[False, True], ids=["best", "portable"])
+def kernel(request):
+    k = native.load_gguf_matmul(portable=request.param)
+    if k is None:
+        pytest.skip("no C compiler here")
+    return k
+
+
+def random_blocks(type_name: str, n: int, k: int, rng: np.random.Generator) -> np.ndarray:
+    """[n, row bytes] uint8 of random, valid records of `type_name`."""
+    nb = n * k // 32
+    if type_name == "Q8_0":
+        rec = np.zeros(nb, dtype=[("d", "<f2"), ("qs", "i1", (32,))])
+        rec["qs"] = rng.integers(-127, 128, (nb, 32))
+    else:
+        fields = [("d", "<f2")] + ([("m", "<f2")] if type_name == "Q4_1" else []) + [("qs", "u1", (16,))]
+        rec = np.zeros(nb, dtype=fields)
+        rec["qs"] = rng.integers(0, 256, (nb, 16))
+        if type_name == "Q4_1":
+            rec["m"] = rng.normal(0, 0.05, nb)
+    rec["d"] = rng.uniform(0.001, 0.02, nb)
+    return rec.view(np.uint8).reshape(n, -1)
+
+
+def q8_activations(x: np.ndarray) -> np.ndarray:
+    """x [M, K] float32 through ggml's Q8_0 activation quantisation and back."""
+    blocks = x.reshape(-1, 32)
+    d = np.abs(blocks).max(axis=1, keepdims=True) / 127
+    q = np.rint(np.divide(blocks, d, out=np.zeros_like(blocks), where=d > 0))
+    return (q * d).reshape(x.shape).astype(np.float32)
+
+
+@pytest.mark.parametrize("type_name", ["Q4_0", "Q4_1", "Q8_0"])
+@pytest.mark.parametrize("m,n,k", [(1, 96, 576), (3, 40, 64), (8, 17, 1536), (11, 33, 96)])
+def test_block_product_equals_dequantised_reference(kernel, type_name, m, n, k):
+    rng = np.random.default_rng(m * 1000 + n + k)
+    blocks = random_blocks(type_name, n, k, rng)
+    weight = dequantize(blocks.reshape(-1), TYPE_IDS[type_name]).reshape(n, k)
+    x = rng.normal(0, 1, (m, k)).astype(np.float32)
+    got = kernel(torch.from_numpy(blocks.copy()), type_name, torch.from_numpy(x), n).numpy()
+    ref = q8_activations(x).astype(np.float64) @ weight.T.astype(np.float64)
+    np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
+    exact = x.astype(np.float64) @ weight.T.astype(np.float64)  # int8 activations cost ~1%
+    assert np.abs(got - exact).max() <= 0.03 * np.abs(exact).max()
+
+
+def test_unsupported_shapes_are_refused(kernel):
+    blocks = torch.zeros(4, 20, dtype=torch.uint8)
+    with pytest.raises(ValueError):
+        kernel(blocks, "Q4_1", torch.zeros(1, 33), 4)
