@@ -30,6 +30,7 @@ FRAMEWORK_DECORATORS = ",".join(["@admin.*", "@shared_task", "@pytest.*", "@*.re
 KEPT = {
     "fleet_replicas": "channels calls it: the group message type fleet.replicas (consoles/consumers.py)",
     "SharedConnectionPool": "named by a dotted path in settings.CACHES (llm_platform/cache.py)",
+    "RequestContextMiddleware": "named by a dotted path in settings.MIDDLEWARE",
     "inject_engine_fault": "the fault-injection entry point docs/engine-faults.md gives benchmarks",
     "cleanup": "an autouse fixture (tests/e2e/test_canary_rollout.py)",
     "container_cleanup": "an autouse fixture (tests/platform/conftest.py)",

@@ -42,10 +42,6 @@ def set_current_request_id(request_id: str | None) -> contextvars.Token:
     return _current.set(request_id)
 
 
-def reset_current_request_id(token: contextvars.Token) -> None:
-    _current.reset(token)
-
-
 def request_id_for_usage() -> str:
     """The id a new generation records: the HTTP request's own, else a fresh one. Invariant:
     unique per generation (the middleware hands each HTTP request a claimed or fresh id and an

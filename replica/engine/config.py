@@ -15,10 +15,6 @@ CHECKPOINT_FORMATS = frozenset({"F32", "F16", "BF16", "F64", "Q4_0", "Q4_1", "Q5
                                 "Q4_K", "Q5_K", "Q6_K"})
 
 
-class QuantizationNotBuilt(ValueError):
-    """A quantisation that the engine does not implement (ValueError: launch exits with it)."""
-
-
 def normalize_quantization(name: str | None) -> str:
     """"" / "none" / a checkpoint format ("Q4_1") -> "none"; "int8" -> "int8"; "int4" -> "int4";
     anything else -> ValueError."""

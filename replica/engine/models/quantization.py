@@ -27,7 +27,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from replica.engine.config import INT8, NONE, QuantizationNotBuilt, normalize_quantization  # noqa: F401
+from replica.engine.config import INT8, NONE, normalize_quantization  # noqa: F401
 
 # rows up to which the int8 kernel beats dequantise + float GEMM (measured, README): bfloat16's
 # GEMM is fast on CPUs with AVX512-BF16, float32's is slower, so the crossover comes later
