@@ -260,16 +260,22 @@ async def test_extreme_sampling_values_then_a_normal_request_on_the_same_replica
         {"temperature": 1e-45}, {"temperature": 5e-324}, {"temperature": 1e-5, "seed": 1},
         {"temperature": 1.0, "top_p": 1e-45, "seed": 2}, {"top_k": 10**18, "temperature": 1.0, "seed": 3},
         {"temperature": 100.0, "top_k": 1 << 40, "top_p": 1e-45, "seed": 4},
-        {"temperature": 0.7, "seed": (1 << 200) + 5}, {"temperature": 0.7, "seed": -(1 << 70)},
+        {"temperature": 0.7, "seed": (1 << 63) - 1}, {"temperature": 0.7, "seed": -(1 << 63)},
     ]
+    out_of_range = [{"temperature": 0.7, "seed": (1 << 200) + 5}, {"temperature": 0.7, "seed": -(1 << 70)}]
     results = await asyncio.gather(*(
         generate(client, PROMPTS[7], raw_params=json.dumps({"max_tokens": 4, "ignore_eos": True, **params}))
         for params in extreme))
+    refused = await asyncio.gather(*(
+        generate(client, PROMPTS[7], raw_params=json.dumps({"max_tokens": 4, **params}))
+        for params in out_of_range))
     greedy = await generate(client, PROMPTS[7], 4)
     normal = await generate(client, PROMPTS[8], 8)
     await client.close()
     for params, result in zip(extreme, results):
         assert result.error is None and result.num_output_tokens == 4, (params, result)
+    for params, result in zip(out_of_range, refused):  # a clear refusal of that request alone
+        assert result.error and result.error.startswith("invalid request: seed"), (params, result)
     assert results[0].text == results[1].text == greedy.text  # below the floor is greedy
     assert normal.error is None and normal.finish_reason == "length" and normal.num_output_tokens == 8
     assert scrape(replica.metrics_url)["engine_alive"] == 1.0
