@@ -15,10 +15,10 @@ queries compute no token.
 
 What this misses, stated rather than hidden: tokens a replica computes between the last read
 and the SIGKILL (the kill follows the read within milliseconds; at most the steps of that
-moment). Preempted sequences are recomputed and their prompt counted again
-(replica_prompt_tokens_total counts computed tokens): `preemptions` is reported alongside.
-Prompt tokens served from the prefix cache are not in replica_prompt_tokens_total; the load's
-prompts are unique from their first block, so `prefix_hit_tokens` should be 0.
+moment). replica_prompt_tokens_total sums each request's prefilled prompt tokens, prefix-cache
+hits included and a recompute after preemption not counted again (replica/engine/request.py
+`num_prefilled_tokens`): what a request is billed as input. `prefix_hit_tokens` (a retried
+cut stream's prompt found in the cache, say) and `preemptions` are reported alongside.
 """
 from __future__ import annotations
 

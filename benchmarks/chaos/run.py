@@ -258,8 +258,8 @@ def run(args) -> dict:
         "billed_tokens": billed_tokens,
         "billed_minus_computed": billed_tokens - computed_tokens,
         # Prompt tokens served from a replica's prefix cache are billed (input_tokens includes
-        # them) but not in replica_prompt_tokens_total; the load's prompts are unique from their
-        # first KV block, so this equals billed_tokens unless a retry or the poison hit a cache.
+        # them) and counted in replica_prompt_tokens_total alike (counters.py); this is what
+        # was billed for prompt tokens actually run through the model.
         "billed_uncached_tokens": billed_tokens - usage["cached_tokens"],
         "recovery_s": recoveries,
         "targets": {"lost": 0, "billed_tokens": "== computed_tokens",
