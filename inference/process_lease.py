@@ -75,6 +75,9 @@ class ProcessLease:
         while True:
             await asyncio.sleep(self._interval_s)
             try:
-                await asyncio.wait_for(self._set(), self._interval_s)
+                # asyncio.timeout, not wait_for: Python 3.11's wait_for can drop the
+                # cancellation `stop()` sends (inference/keepalive.py).
+                async with asyncio.timeout(self._interval_s):
+                    await self._set()
             except Exception as exc:  # noqa: BLE001 - next tick retries; the TTL is the bound
                 logger.warning("process lease %s not refreshed: %r", self.key, exc)
