@@ -43,7 +43,8 @@ def test_smoke_run_writes_the_report_and_leaves_no_process(tmp_path):
     assert set(report["targets_met"]) == {"lost_zero", "billed_equals_computed",
                                           "every_fault_recovered"}
     assert report["lost"] == 0, report["lost_examples"]
-    assert set(report["cut_by_crash_retries"]) <= {"succeeded"}, report["cut_by_crash_retry_details"]
+    assert set(report["cut_by_crash_retries"]) <= {"succeeded"}, \
+        report["cut_by_crash_retry_details"]
     assert report["billing_drain"]["pending_rows"] == 0
     assert report["billed_tokens"] == report["computed_tokens"], report["computed"]
 
