@@ -143,6 +143,12 @@ def metric_family(prefix: str, family: str) -> str:
     return f"{prefix}obs:{family}"
 
 
+def api_process(prefix: str, process_id: str) -> str:
+    """inference/process_lease.py: exists while an API process runs (its liveness lease); an
+    empty `process_id` gives the prefix that idempotency's takeover script appends ids to."""
+    return f"{prefix}proc:{process_id}"
+
+
 def idempotency(prefix: str, tenant_id: int, digest: str) -> str:
     """inference/idempotency.py: a request's claim, then its stored reply."""
     return f"{prefix}idem:{tenant_id}:{digest}"

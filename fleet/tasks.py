@@ -1,7 +1,9 @@
 import asyncio
 
+from asgiref.sync import sync_to_async
 from celery import shared_task
 from django.conf import settings
+from django.db import close_old_connections
 from django.utils import timezone
 
 from llm_platform.redis_clients import sync_redis
@@ -14,7 +16,19 @@ from fleet.nodes import detect_lost_nodes
 
 @shared_task(ignore_result=True)
 def check_replica_health() -> dict[int, str]:
-    return asyncio.run(check_replicas())
+    return asyncio.run(_with_usable_connection(check_replicas))
+
+
+async def _with_usable_connection(check):
+    """The async ORM runs in asgiref's one thread-sensitive thread, whose connection Celery's
+    per-task cleanup (main thread only) never sees: after a PostgreSQL restart it stayed
+    broken and every health check failed ('the connection is closed') until the worker was
+    restarted. Drop it there before and after, if it errored or is too old."""
+    await sync_to_async(close_old_connections)()
+    try:
+        return await check()
+    finally:
+        await sync_to_async(close_old_connections)()
 
 
 def fleet_context(client) -> FleetContext:

@@ -23,6 +23,7 @@ from inference.idempotency import IdempotencyStore
 from inference.replica_client import ReplicaClient
 from inference.circuit import CircuitBreaker
 from inference.prefix_index import PrefixIndex
+from inference.process_lease import ProcessLease
 from inference.replica_signals import SignalPoller, SignalStore
 from inference.router import (
     OutstandingTokens,
@@ -56,8 +57,10 @@ class Container:
     signal_poller: SignalPoller
     rollouts: RolloutCatalog  # canary rollouts: which version serves a request
     fallbacks: FallbackRecorder  # canary requests that stable served instead
+    process: ProcessLease  # this process is alive (pending Idempotency-Keys name it)
 
     async def close(self) -> None:
+        await self.process.stop()
         await self.signal_poller.stop()
         await self.admission.close()
         await self.replica_client.close()
@@ -82,6 +85,8 @@ def build_container(tokenizers: TokenizerCache) -> Container:
                                probe_timeout_s=settings.ROUTER_CIRCUIT_PROBE_TIMEOUT_SECONDS),
         stats=RoutingStats(redis, prefix),
     )
+    process = ProcessLease(redis, prefix, settings.API_PROCESS_LEASE_TTL_SECONDS,
+                           settings.API_PROCESS_LEASE_TTL_SECONDS / 4)
     return Container(
         redis=redis,
         key_prefix=prefix,
@@ -102,7 +107,7 @@ def build_container(tokenizers: TokenizerCache) -> Container:
         catalog=ServingCatalog(clock, settings.REGISTRY_CACHE_TTL_SECONDS),
         idempotency=IdempotencyStore(
             redis, prefix, settings.IDEMPOTENCY_TTL_SECONDS,
-            settings.IDEMPOTENCY_PENDING_TTL_SECONDS,
+            settings.IDEMPOTENCY_PENDING_TTL_SECONDS, process=process,
         ),
         limits=LimitsCache(redis, prefix, settings.QUOTA_LIMITS_CACHE_SECONDS),
         # Wall-clock time: bucket timestamps are compared across processes.
@@ -115,6 +120,7 @@ def build_container(tokenizers: TokenizerCache) -> Container:
         rollouts=RolloutCatalog(clock, settings.REGISTRY_CACHE_TTL_SECONDS, rollout_source),
         # Wall-clock minutes: the evaluator reads them in another process.
         fallbacks=FallbackRecorder(redis, prefix, time.time),
+        process=process,
     )
 
 

@@ -6,6 +6,13 @@ cancelled, so the client may retry with the same key). A pending entry expires a
 `pending_ttl_seconds` so a crashed process cannot block the key for long: the running request
 refreshes it (`refresh`, from its KeepAlive) well within that TTL.
 
+Takeover: a pending entry names the API process that holds it (`process`, its ProcessLease id:
+inference/process_lease.py). When that process's lease is gone (the process was killed), the
+entry's request died with it: `begin` with the same key and body then takes the claim over at
+once instead of answering 409 until the pending TTL ran out. The dead request's usage row is
+finalised by the billing reaper from the replica's ledger (billing/reaper.py); the retry is a
+new request with its own request id and usage row, so each computed token is billed once.
+
 Invariant: only the claim's owner moves its pending entry on (to done or absent), atomically in
 Redis: a request that outlived its pending entry cannot overwrite the reply or the claim of the
 request that took the key after it.
@@ -20,10 +27,30 @@ from dataclasses import dataclass
 
 from inference.errors import Conflict, InvalidRequest, Unprocessable
 from common import redis_keys
+from inference.process_lease import ProcessLease
 
 logger = logging.getLogger(__name__)
 
 MAX_KEY_LEN = 255
+
+# Claim the key (absent: claim it; pending, same body, its process's lease gone: take it over);
+# otherwise return what is there. ARGV: new entry, pending TTL ms, fingerprint, the process
+# lease key prefix. Returns {outcome, current or previous value}.
+_BEGIN_SCRIPT = """
+local value = redis.call('GET', KEYS[1])
+if not value then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  return {'claimed', ''}
+end
+local entry = cjson.decode(value)
+if entry['state'] == 'pending' and entry['fingerprint'] == ARGV[3]
+    and type(entry['process']) == 'string'
+    and redis.call('EXISTS', ARGV[4] .. entry['process']) == 0 then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  return {'taken_over', value}
+end
+return {'present', value}
+"""
 
 # Store the reply only if the key still holds this owner's pending entry.
 _COMPLETE_SCRIPT = """
@@ -88,14 +115,21 @@ class Replay:
 
 
 class IdempotencyStore:
-    def __init__(self, redis, key_prefix: str, ttl_seconds: int, pending_ttl_seconds: int):
+    """`process`: this API process's liveness lease; its id goes into every pending entry this
+    store writes. Without one (tests of the store alone), entries name no process and are
+    never taken over: only their pending TTL frees them."""
+
+    def __init__(self, redis, key_prefix: str, ttl_seconds: int, pending_ttl_seconds: int,
+                 process: ProcessLease | None = None):
         self._redis = redis
+        self._process = process
         self._prefix = key_prefix
         self._ttl_ms = ttl_seconds * 1000
         self._pending_ttl_ms = pending_ttl_seconds * 1000
         self._abandon = redis.register_script(_ABANDON_SCRIPT)
         self._refresh = redis.register_script(_REFRESH_SCRIPT)
         self._complete = redis.register_script(_COMPLETE_SCRIPT)
+        self._begin = redis.register_script(_BEGIN_SCRIPT)
 
     def _redis_key(self, tenant_id: int, key: str) -> str:
         digest = hashlib.sha256(key.encode("utf-8")).hexdigest()
@@ -106,22 +140,29 @@ class IdempotencyStore:
         running) / Unprocessable (422: the key was used with another body)."""
         redis_key = self._redis_key(tenant_id, key)
         owner = uuid.uuid4().hex
-        pending = json.dumps({"state": "pending", "owner": owner, "fingerprint": body_fingerprint})
-        for _ in range(3):  # the entry may expire or be abandoned between SET NX and GET
-            if await self._redis.set(redis_key, pending, nx=True, px=self._pending_ttl_ms):
-                return Claim(redis_key=redis_key, owner=owner, fingerprint=body_fingerprint)
-            raw = await self._redis.get(redis_key)
-            if raw is None:
-                continue
-            entry = json.loads(raw)
-            if entry["fingerprint"] != body_fingerprint:
-                raise Unprocessable(
-                    "This Idempotency-Key was already used with a different request body."
-                )
-            if entry["state"] == "pending":
-                raise Conflict("A request with this Idempotency-Key is still in progress.")
-            return Replay(result=entry["result"])
-        raise Conflict("A request with this Idempotency-Key is still in progress.")
+        entry = {"state": "pending", "owner": owner, "fingerprint": body_fingerprint}
+        process_prefix = ""
+        if self._process is not None:
+            entry["process"] = await self._process.ensure()
+            process_prefix = self._process.key_prefix
+        outcome, raw = await self._begin(
+            keys=[redis_key],
+            args=[json.dumps(entry), self._pending_ttl_ms, body_fingerprint, process_prefix])
+        outcome = outcome.decode() if isinstance(outcome, bytes) else outcome
+        if outcome == "claimed":
+            return Claim(redis_key=redis_key, owner=owner, fingerprint=body_fingerprint)
+        if outcome == "taken_over":
+            logger.warning("idempotency key %s: its process %s is gone; the claim is taken over",
+                           redis_key, json.loads(raw).get("process"))
+            return Claim(redis_key=redis_key, owner=owner, fingerprint=body_fingerprint)
+        current = json.loads(raw)
+        if current["fingerprint"] != body_fingerprint:
+            raise Unprocessable(
+                "This Idempotency-Key was already used with a different request body."
+            )
+        if current["state"] == "pending":
+            raise Conflict("A request with this Idempotency-Key is still in progress.")
+        return Replay(result=current["result"])
 
     async def complete(self, claim: Claim, result: dict) -> bool:
         """Store the reply; False (nothing written) if the key no longer holds this claim."""

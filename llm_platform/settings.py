@@ -220,6 +220,11 @@ IDEMPOTENCY_TTL_SECONDS = env_int("IDEMPOTENCY_TTL_SECONDS", 24 * 3600)
 # How long a request holds its Idempotency-Key "in flight" if its process dies mid-request
 # (the running request refreshes it every REQUEST_KEEPALIVE_SECONDS).
 IDEMPOTENCY_PENDING_TTL_SECONDS = env_int("IDEMPOTENCY_PENDING_TTL_SECONDS", 60)
+# Each API process keeps a liveness key in Redis this long past its last refresh (every quarter
+# of it); a pending Idempotency-Key whose process's key is gone is taken over by the retry at
+# once (inference/process_lease.py). Above any Redis pause to ride out: a longer pause makes
+# live processes look dead.
+API_PROCESS_LEASE_TTL_SECONDS = env_float("API_PROCESS_LEASE_TTL_SECONDS", 10.0)
 # Retry-After (seconds) sent with 503 when no replica of the model is ready.
 NO_REPLICA_RETRY_AFTER_SECONDS = env_int("NO_REPLICA_RETRY_AFTER_SECONDS", 5)
 # How many replicas a request tries when one fails before its first token.

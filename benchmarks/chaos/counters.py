@@ -2,15 +2,23 @@
 
 A replica's counters (replica_prompt_tokens_total, replica_generated_tokens_total, ...) live in
 its tritonserver process and die with it. So the ledger keeps one entry per incarnation: the
-counters read when it became ready and read again just before it is SIGKILLed (or at the end,
-once every replica is idle). computed = sum over incarnations of (last read - first read).
+counters at its start and read again just before it is SIGKILLed (or at the end, once every
+replica is idle). computed = sum over incarnations of (last read - start - direct tokens).
+
+Tokens that never go through the API are not billed and are taken out: each incarnation's
+warm-up (one generation straight to the replica, as a node agent does). A replica started
+with the platform is read after its warm-up, before the API process exists (start = that
+read); a replica restarted under load may take API traffic the moment it is ready, so its start
+is zero (a fresh tritonserver's counters are) and its warm-up's own count, from the warm-up's
+final response, is subtracted (`direct`). Health checks (readiness) and the reaper's usage
+queries compute no token.
 
 What this misses, stated rather than hidden: tokens a replica computes between the last read
 and the SIGKILL (the kill follows the read within milliseconds; at most the steps of that
-moment). Preempted sequences are recomputed and their prompt counted again
-(replica_prompt_tokens_total counts computed tokens): `preemptions` is reported alongside.
-Prompt tokens served from the prefix cache are not in replica_prompt_tokens_total; the load's
-prompts are unique from their first block, so `prefix_hit_tokens` should be 0.
+moment). replica_prompt_tokens_total sums each request's prefilled prompt tokens, prefix-cache
+hits included and a recompute after preemption not counted again (replica/engine/request.py
+`num_prefilled_tokens`): what a request is billed as input. `prefix_hit_tokens` (a retried
+cut stream's prompt found in the cache, say) and `preemptions` are reported alongside.
 """
 from __future__ import annotations
 
@@ -41,10 +49,12 @@ class Incarnation:
     first: dict[str, int]
     last: dict[str, int] | None = None
     ended_by: str = ""  # "sigkill" | "end of run"
+    direct: dict[str, int] = field(default_factory=dict)  # not via the API: not billed
 
     def delta(self) -> dict[str, int]:
         last = self.last or self.first
-        return {name: last[name] - self.first[name] for name in FIELDS}
+        return {name: last[name] - self.first[name] - self.direct.get(name, 0)
+                for name in FIELDS}
 
 
 @dataclass
@@ -53,7 +63,15 @@ class CounterLedger:
     _open: dict[int, Incarnation] = field(default_factory=dict)
 
     def open_incarnation(self, replica: Replica) -> None:
+        """A replica started with the platform: read after its warm-up, before any load."""
         inc = Incarnation(replica.index, read_counters(replica))
+        self.incarnations.append(inc)
+        self._open[replica.index] = inc
+
+    def open_restarted(self, replica: Replica) -> None:
+        """A replica restarted under load: from zero, less its warm-up's tokens."""
+        inc = Incarnation(replica.index, {name: 0 for name in FIELDS},
+                          direct=dict(replica.warmups[-1]))
         self.incarnations.append(inc)
         self._open[replica.index] = inc
 
@@ -86,5 +104,6 @@ class CounterLedger:
 
     def as_json(self) -> list[dict]:
         return [{"replica": inc.replica, "first": inc.first, "last": inc.last,
-                 "ended_by": inc.ended_by or "still open", "delta": inc.delta()}
+                 "direct_warmup": inc.direct, "ended_by": inc.ended_by or "still open",
+                 "delta": inc.delta()}
                 for inc in self.incarnations]

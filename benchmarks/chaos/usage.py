@@ -1,7 +1,9 @@
 """The billing side: waiting for the consumer to drain, then the usage rows' tokens.
 
 Drained means: the usage stream is empty (the consumer deletes what it acknowledged), the
-host's outbox holds no event, and the count of usage rows has not moved for `stable_s`.
+host's outbox holds no event, no usage row is still pending (the final event of a request whose
+API process was killed never comes: Celery beat's reaper finalises its row from the replica's
+usage ledger), and the count of usage rows has not moved for `stable_s`.
 """
 from __future__ import annotations
 
@@ -22,10 +24,12 @@ def outbox_events(directory: Path) -> int:
     return count
 
 
-def usage_row_count(database_url: str) -> int:
+def usage_row_counts(database_url: str) -> tuple[int, int]:
+    """(usage rows, of which pending)."""
     with psycopg.connect(database_url.replace("postgres://", "postgresql://", 1),
                          connect_timeout=5) as conn:
-        return conn.execute("SELECT count(*) FROM billing_usagerecord").fetchone()[0]
+        return conn.execute("SELECT count(*), count(*) FILTER (WHERE status = 'pending') "
+                            "FROM billing_usagerecord").fetchone()
 
 
 def wait_drained(redis_url: str, stream_key: str, outbox_dir: Path, database_url: str,
@@ -36,9 +40,10 @@ def wait_drained(redis_url: str, stream_key: str, outbox_dir: Path, database_url
     state = {}
     while time.monotonic() - start < deadline_s:
         try:
+            rows, pending = usage_row_counts(database_url)
             state = {"stream_len": client.xlen(stream_key),
                      "outbox_events": outbox_events(outbox_dir),
-                     "usage_rows": usage_row_count(database_url)}
+                     "usage_rows": rows, "pending_rows": pending}
         except (redis.RedisError, psycopg.Error, OSError) as exc:
             state = {"error": repr(exc)}
             time.sleep(1.0)
@@ -46,7 +51,7 @@ def wait_drained(redis_url: str, stream_key: str, outbox_dir: Path, database_url
         if state["usage_rows"] != last_count:
             last_count, stable_since = state["usage_rows"], time.monotonic()
         if (state["stream_len"] == 0 and state["outbox_events"] == 0
-                and time.monotonic() - stable_since >= stable_s):
+                and state["pending_rows"] == 0 and time.monotonic() - stable_since >= stable_s):
             return {"drained": True, "seconds": round(time.monotonic() - start, 2), **state}
         time.sleep(0.5)
     return {"drained": False, "seconds": round(time.monotonic() - start, 2), **state}

@@ -1,7 +1,9 @@
 """`python -m benchmarks.chaos --smoke`: the chaos benchmark runs end to end on its own private
 platform (PostgreSQL, Redis, daphne, billing consumer, two real SmolLM2 replicas), stops every
-process it started, and writes the JSON the issue asks for. Asserts the shape, not the targets
-(lost 0, billed == computed, recovery <= 30 s), which the hardening work is meeting."""
+process it started, and writes the JSON the issue asks for. Asserts its shape, and the targets
+that do not depend on this machine's speed: nothing lost, a stream cut by the API crash is
+retried with its Idempotency-Key without waiting out the pending TTL, and every computed token
+is billed once (the reaper, run by Celery beat, finalises the cut stream's row)."""
 from __future__ import annotations
 
 import json
@@ -40,11 +42,17 @@ def test_smoke_run_writes_the_report_and_leaves_no_process(tmp_path):
     assert report["computed"]["method"] and report["computed"]["complete"] is True
     assert set(report["targets_met"]) == {"lost_zero", "billed_equals_computed",
                                           "every_fault_recovered"}
+    assert report["lost"] == 0, report["lost_examples"]
+    assert set(report["cut_by_crash_retries"]) <= {"succeeded"}, \
+        report["cut_by_crash_retry_details"]
+    assert report["billing_drain"]["pending_rows"] == 0
+    assert report["billed_tokens"] == report["computed_tokens"], report["computed"]
 
     run_dir = REPO / "var" / f"chaos-{report['run_id']}"
     assert not (run_dir / "pg").exists()  # the private database server's data is gone
     started = report["processes_started"]
-    assert {"postgres", "redis", "daphne", "billingconsumer", "replica-0", "replica-1"} <= set(started)
+    assert {"postgres", "redis", "daphne", "billingconsumer", "celery-worker", "celery-beat",
+            "replica-0", "replica-1"} <= set(started)
     assert len(started["daphne"]) == 2 and len(started["billingconsumer"]) == 2  # restarted once
     assert report["processes_alive_after_stop"] == []
     for pid in (p for pids in started.values() for p in pids):

@@ -133,3 +133,127 @@ async def test_a_request_that_outlived_its_claim_does_not_overwrite_the_next():
     assert await store.complete(current, {"text": "current"})
     replay = await store.begin(7, "outlived", "fp")
     assert isinstance(replay, Replay) and replay.result == {"text": "current"}
+
+
+# --- takeover of a dead process's pending key (inference/process_lease.py) -------------------
+
+def _store_of(process):
+    from django.conf import settings
+
+    from inference.container import current_container
+    from inference.idempotency import IdempotencyStore
+
+    container = current_container()
+    return IdempotencyStore(container.redis, container.key_prefix, settings.IDEMPOTENCY_TTL_SECONDS,
+                            settings.IDEMPOTENCY_PENDING_TTL_SECONDS, process=process)
+
+
+def _process():
+    from inference.container import current_container
+    from inference.process_lease import ProcessLease
+
+    container = current_container()
+    return ProcessLease(container.redis, container.key_prefix, ttl_s=10.0, interval_s=2.0)
+
+
+async def _kill(process):
+    """What SIGKILL leaves: no more refreshes, then the key expires (deleted here: no waiting)."""
+    process._task.cancel()
+    await process._redis.delete(process.key)
+
+
+async def test_a_pending_key_names_its_process_which_is_alive_in_redis():
+    from inference.idempotency import Claim
+
+    process = _process()
+    claim = await _store_of(process).begin(7, "named", "fp")
+    assert isinstance(claim, Claim)
+    entry = json.loads(await process._redis.get(claim.redis_key))
+    assert entry["process"] == process.process_id
+    ttl_ms = await process._redis.pttl(process.key)
+    assert 0 < ttl_ms <= 10_000
+    await process.stop()  # a clean shutdown frees its holdings at once
+    assert not await process._redis.exists(process.key)
+
+
+async def test_a_live_process_keeps_its_key_409():
+    from inference.errors import Conflict
+
+    holder, retrier = _process(), _process()
+    await _store_of(holder).begin(7, "alive", "fp")
+    with pytest.raises(Conflict):
+        await _store_of(retrier).begin(7, "alive", "fp")
+    await holder.stop()
+    await retrier.stop()
+
+
+async def test_a_dead_process_key_is_taken_over_at_once_and_only_the_new_claim_completes():
+    from inference.idempotency import Claim, Replay
+
+    dead, alive = _process(), _process()
+    old = await _store_of(dead).begin(7, "crash", "fp")
+    await _kill(dead)
+    store = _store_of(alive)
+    new = await store.begin(7, "crash", "fp")
+    assert isinstance(new, Claim) and new.owner != old.owner
+    assert json.loads(await store._redis.get(new.redis_key))["process"] == alive.process_id
+    assert not await store.refresh(old)  # the dead request (were it still around) lost it
+    assert not await store.complete(old, {"text": "late"})
+    assert await store.complete(new, {"text": "retry"})
+    replay = await store.begin(7, "crash", "fp")
+    assert isinstance(replay, Replay) and replay.result == {"text": "retry"}
+    await alive.stop()
+
+
+async def test_takeover_with_another_body_is_still_422():
+    from inference.errors import Unprocessable
+
+    dead, alive = _process(), _process()
+    await _store_of(dead).begin(7, "crash-422", "fp")
+    await _kill(dead)
+    with pytest.raises(Unprocessable):
+        await _store_of(alive).begin(7, "crash-422", "other")
+    await alive.stop()
+
+
+async def test_concurrent_retries_of_a_dead_claim_take_it_over_once():
+    from inference.errors import Conflict
+    from inference.idempotency import Claim
+
+    dead, alive = _process(), _process()
+    await _store_of(dead).begin(7, "crash-race", "fp")
+    await _kill(dead)
+    store = _store_of(alive)
+    results = await asyncio.gather(*(store.begin(7, "crash-race", "fp") for _ in range(8)),
+                                   return_exceptions=True)
+    assert sum(isinstance(r, Claim) for r in results) == 1
+    assert sum(isinstance(r, Conflict) for r in results) == 7
+    await alive.stop()
+
+
+async def test_an_entry_without_a_process_is_never_taken_over():
+    from inference.errors import Conflict
+
+    await _store().begin(7, "anonymous", "fp")  # no process lease: only its TTL frees it
+    alive = _process()
+    with pytest.raises(Conflict):
+        await _store_of(alive).begin(7, "anonymous", "fp")
+    await alive.stop()
+
+
+async def test_the_api_retry_after_its_process_died_succeeds(client, auth, tenant, ready_replica,
+                                                             fake_replica):
+    """Through the view: the key held by a killed process (its entry pending, its process
+    lease gone) does not answer 409; the retry runs and its reply is then replayed."""
+    from inference.idempotency import fingerprint
+
+    dead = _process()
+    body = {**BODY, "max_tokens": 3}
+    await _store_of(dead).begin(tenant.pk, "cut-by-crash", fingerprint("generate", body))
+    await _kill(dead)
+    headers = {**auth, "Idempotency-Key": "cut-by-crash"}
+    first = await post(client, body, headers)
+    assert first.status_code == 200, first.content
+    assert first.json()["usage"]["output_tokens"] == 3
+    assert (await post(client, body, headers)).json() == first.json()
+    assert fake_replica.state.num_requests == 1
