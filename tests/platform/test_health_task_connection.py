@@ -6,7 +6,7 @@ from django.db import OperationalError, connection
 
 from models_registry.models import Replica
 from models_registry.services import register_replica
-from models_registry.tasks import check_replica_health
+from fleet.tasks import check_replica_health
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
