@@ -99,6 +99,7 @@ class FakeState:
     requests: list[dict] = field(default_factory=list)  # decoded inputs, for assertions
     usage: dict[str, dict] = field(default_factory=dict)  # request id -> ledger entry
     tasks: dict[str, asyncio.Task] = field(default_factory=dict)  # running, by request id
+    arrived: asyncio.Event = field(default_factory=asyncio.Event)  # set by every generation
 
 
 class FakeTriton(service_pb2_grpc.GRPCInferenceServiceServicer):
@@ -140,6 +141,7 @@ class FakeTriton(service_pb2_grpc.GRPCInferenceServiceServicer):
             await queue.put(await self._control(request, json.loads(inputs["control"][0])))
             return
         self.state.num_requests += 1
+        self.state.arrived.set()
         text = inputs["text_input"][0].decode() if "text_input" in inputs else ""
         params = json.loads(inputs["sampling_parameters"][0]) if "sampling_parameters" in inputs else {}
         self.state.requests.append({"text": text, "params": params, "request_id": request.id,

@@ -52,15 +52,13 @@ async def test_different_body_is_422(client, auth, ready_replica):
     assert (await post(client, BODY, headers, "/v1/chat/completions")).status_code == 422
 
 
-async def test_duplicate_in_flight_is_409(client, auth, ready_replica):
+async def test_duplicate_in_flight_is_409(client, auth, ready_replica, fake_replica):
     headers = {**auth, "Idempotency-Key": "slow-1"}
     body = {**BODY, "max_tokens": 40, "messages": [{"role": "user", "content": "[slow]"}]}
     first = asyncio.create_task(post(client, body, headers))
-    for _ in range(200):  # until the first request holds the key
-        await asyncio.sleep(0.01)
-        response = await post(client, body, headers)
-        if response.status_code == 409:
-            break
+    # The first request holds the key once it streams from the replica (2 s of [slow] tokens).
+    await asyncio.wait_for(fake_replica.state.arrived.wait(), 60)
+    response = await post(client, body, headers)
     assert response.status_code == 409
     assert response.json()["error"]["code"] == "idempotency_key_in_use"
     assert (await first).status_code == 200
