@@ -13,6 +13,7 @@ from replica.engine.config import ModelConfig
 from replica.engine.models.llama import LlamaForCausalLM
 from replica.engine.runner import native
 from replica.engine.runner.attention import AttentionMetadata, PrefillSeq
+from replica.engine.runner.hugepages import huge_zeros
 from replica.engine.runner.sampler import SampleError, Sampler
 from replica.engine.scheduler import SchedulerOutput
 
@@ -36,9 +37,8 @@ class ModelRunner:
         self.device = device
         c = model.config
         shape = (num_blocks, block_size, c.num_kv_heads, c.head_dim)
-        self.kv_pools = [
-            (torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
-            for _ in range(c.num_layers)
+        self.kv_pools = [  # huge pages on the CPU: a full batch's blocks exceed the TLB's reach in 4 KiB pages
+            (huge_zeros(shape, dtype, device), huge_zeros(shape, dtype, device)) for _ in range(c.num_layers)
         ]
         self.sampler = Sampler()
         use_native = device.type == "cpu" and native.NativeAttention.supports(dtype)
