@@ -40,7 +40,7 @@ class ModelRunner:
         self.kv_pools = [  # huge pages on the CPU: a full batch's blocks exceed the TLB's reach in 4 KiB pages
             (huge_zeros(shape, dtype, device), huge_zeros(shape, dtype, device)) for _ in range(c.num_layers)
         ]
-        self.sampler = Sampler()
+        self.sampler = Sampler(native.load_row_argmax())  # logits are on the CPU when sampled
         use_native = device.type == "cpu" and native.NativeAttention.supports(dtype)
         self.native_attention = native.load() if use_native else None
 
