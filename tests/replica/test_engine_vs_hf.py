@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from replica.engine.sampling_params import SamplingParams
-from tests.replica.tiny_llama import TINY, hf_greedy, hf_model
+from tests.replica.tiny_llama import TINY, TINY_HD64, hf_greedy, hf_model
 from tests.replica.tiny_llama import our_engine as _our_engine
 
 GREEDY = dict(temperature=0.0, ignore_eos=True)
@@ -87,6 +87,16 @@ def test_batched_greedy_matches_hf(hf, state_dict, our_engine):
     engine = our_engine(TINY, state_dict)
     got = engine.generate(prompts, SamplingParams(max_tokens=12, **GREEDY))
     _assert_greedy(hf, prompts, got, 12)
+
+
+def test_batched_greedy_matches_hf_at_head_dim_64(variant, our_engine):
+    """SmolLM2's attention shape (head dim 64, groups of 3): the kernel's main path (bfloat16:
+    compile-time shape) over contexts that cross 16-token chunks and blocks."""
+    hf64 = hf_model(TINY_HD64).to(getattr(torch, variant[0]))
+    prompts = _prompts(5, seed=3, shared_prefix_len=20)
+    engine = our_engine(TINY_HD64, {k: v.clone() for k, v in hf64.state_dict().items()})
+    got = engine.generate(prompts, SamplingParams(max_tokens=12, **GREEDY))
+    _assert_greedy(hf64, prompts, got, 12)
 
 
 def test_chunked_prefill_matches_hf(hf, state_dict, our_engine):

@@ -13,6 +13,13 @@ TINY = ModelConfig(
     tie_word_embeddings=True, bos_token_id=1, eos_token_ids=(2,),
 )
 
+# the decode-attention kernel's main path: head dim 64, 3 query heads per KV head (SmolLM2's shape)
+TINY_HD64 = ModelConfig(
+    vocab_size=256, hidden_size=96, intermediate_size=128, num_layers=2, num_heads=6, num_kv_heads=2,
+    head_dim=64, rms_norm_eps=1e-5, rope_theta=10000.0, max_position_embeddings=512,
+    tie_word_embeddings=True, bos_token_id=1, eos_token_ids=(2,),
+)
+
 
 class ByteDecoder:
     """Token id -> one byte: enough to exercise incremental detokenisation with UTF-8."""

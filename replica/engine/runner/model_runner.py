@@ -13,6 +13,7 @@ from replica.engine.config import ModelConfig
 from replica.engine.models.llama import LlamaForCausalLM
 from replica.engine.runner import native
 from replica.engine.runner.attention import AttentionMetadata, PrefillSeq
+from replica.engine.runner.hugepages import huge_zeros
 from replica.engine.runner.sampler import SampleError, Sampler
 from replica.engine.scheduler import SchedulerOutput
 
@@ -36,11 +37,10 @@ class ModelRunner:
         self.device = device
         c = model.config
         shape = (num_blocks, block_size, c.num_kv_heads, c.head_dim)
-        self.kv_pools = [
-            (torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
-            for _ in range(c.num_layers)
+        self.kv_pools = [  # huge pages on the CPU: a full batch's blocks exceed the TLB's reach in 4 KiB pages
+            (huge_zeros(shape, dtype, device), huge_zeros(shape, dtype, device)) for _ in range(c.num_layers)
         ]
-        self.sampler = Sampler()
+        self.sampler = Sampler(native.load_row_argmax())  # logits are on the CPU when sampled
         use_native = device.type == "cpu" and native.NativeAttention.supports(dtype)
         self.native_attention = native.load() if use_native else None
 
@@ -48,7 +48,8 @@ class ModelRunner:
         bs = self.block_size
         input_ids: list[int] = []
         positions: list[int] = []
-        slots: list[int] = []
+        slots: list[int] = []  # decode tokens' slots, in order since the last prefill piece
+        slot_pieces: list[torch.Tensor] = []  # the step's slots in order, as tensors
         logits_idx: list[int] = []
         sampled_requests = []
         decode_idx: list[int] = []
@@ -62,26 +63,35 @@ class ModelRunner:
             flat_start = len(input_ids)
             input_ids.extend(request.token_slice(start, end))
             positions.extend(range(start, end))
-            slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))
             if num_new == 1 and start > 0:
+                slots.append(table[start // bs] * bs + start % bs)
                 decode_idx.append(flat_start)
                 decode_tables.append(table[: (end + bs - 1) // bs])
                 decode_lens.append(end)
             else:
+                block_ids = torch.tensor(table[: (end + bs - 1) // bs], dtype=torch.long)
+                if slots:
+                    slot_pieces.append(torch.tensor(slots, dtype=torch.long))
+                    slots = []
+                pos = torch.arange(start, end)  # the chunk's slots without a per-token Python loop
+                slot_pieces.append(block_ids[pos // bs] * bs + pos % bs)
                 prefills.append(
                     PrefillSeq(
                         query_start=flat_start,
                         query_len=num_new,
                         context_len=end,
-                        block_ids=torch.tensor(table[: (end + bs - 1) // bs], dtype=torch.long, device=self.device),
+                        block_ids=block_ids.to(self.device),
                     )
                 )
             if end == request.num_tokens:  # reached the frontier: the next token is sampled
                 logits_idx.append(len(input_ids) - 1)
                 sampled_requests.append(request)
         dev = self.device
+        if slots or not slot_pieces:
+            slot_pieces.append(torch.tensor(slots, dtype=torch.long))
+        slot_mapping = slot_pieces[0] if len(slot_pieces) == 1 else torch.cat(slot_pieces)
         meta = AttentionMetadata(
-            slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev),
+            slot_mapping=slot_mapping.to(dev),
             decode_token_idx=None,
             decode_block_tables=None,
             decode_mask=None,

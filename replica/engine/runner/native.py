@@ -1,5 +1,6 @@
 """The C kernels (csrc/), compiled once per machine and source: decode attention
-(paged_attention.c) and the GGUF-block matrix product (gguf_matmul.c).
+(paged_attention.c), the GGUF-block matrix product (gguf_matmul.c) and the batch's greedy picks
+(row_argmax.c).
 
 Decode attention reads K/V pools of float32, bfloat16 or float16 (`KV_DTYPES`) where they lie and
 computes in float32; queries go in as float32 and the output comes back in the query's dtype.
@@ -129,3 +130,30 @@ class GGUFMatmul:
 def load_gguf_matmul(portable: bool = False) -> GGUFMatmul | None:
     lib = _library(_CSRC / "gguf_matmul.c", portable)
     return None if lib is None else GGUFMatmul(lib)
+
+
+class RowArgmax:
+    """Greedy picks for a batch in one pass (csrc/row_argmax.c): per row of float32 logits, the
+    first index of the maximum (as torch.argmax) and whether the row is fit to sample from (no
+    NaN, no +inf, not all -inf)."""
+
+    def __init__(self, lib: ctypes.CDLL) -> None:
+        fn = lib.row_argmax
+        fn.restype = ctypes.c_int
+        fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
+        self._fn = fn
+
+    def __call__(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """logits: [rows, n] float32 -> (index [rows] int64, fit [rows] bool)."""
+        x = logits.to(torch.float32).contiguous()
+        rows, n = x.shape
+        index = torch.empty(rows, dtype=torch.int64)
+        fit = torch.empty(rows, dtype=torch.uint8)
+        if self._fn(x.data_ptr(), rows, n, index.data_ptr(), fit.data_ptr(), torch.get_num_threads()) != 0:
+            raise ValueError(f"row_argmax: unsupported shape {tuple(x.shape)}")
+        return index, fit.bool()
+
+
+def load_row_argmax(portable: bool = False) -> RowArgmax | None:
+    lib = _library(_CSRC / "row_argmax.c", portable)
+    return None if lib is None else RowArgmax(lib)

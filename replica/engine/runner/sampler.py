@@ -76,6 +76,20 @@ def _is_distribution(probs: torch.Tensor) -> bool:
 
 
 class Sampler:
+    def __init__(self, row_argmax=None) -> None:
+        """row_argmax: a native.RowArgmax (greedy picks and the fitness check in one pass over
+        the batch's logits); None: the same answers from torch.amax and torch.argmax."""
+        self.row_argmax = row_argmax
+
+    def _argmax_and_bad_rows(self, logits: torch.Tensor) -> tuple[list[int], list[bool]]:
+        if self.row_argmax is not None:
+            index, fit = self.row_argmax(logits)
+            return index.tolist(), (~fit).tolist()
+        # A row's max is NaN if any logit is, +inf if any is, -inf if all are: the model produced
+        # garbage for that row (one reduction; a -inf logit alone is just a mask).
+        bad_rows = (~torch.isfinite(logits.amax(dim=-1))).tolist()
+        return torch.argmax(logits, dim=-1).tolist(), bad_rows
+
     def sample(
         self,
         logits: torch.Tensor,  # [S, vocab]
@@ -85,17 +99,8 @@ class Sampler:
     ) -> list[int | SampleError]:
         """One token per row, or a SampleError for a row that cannot be sampled."""
         logits = logits.float()
-        # A row's max is NaN if any logit is, +inf if any is, -inf if all are: the model produced
-        # garbage for that row (one reduction; a -inf logit alone is just a mask).
-        bad_rows = (~torch.isfinite(logits.amax(dim=-1))).tolist()
-        greedy_rows = [i for i, p in enumerate(params) if p.greedy and not bad_rows[i]]
-        if len(greedy_rows) == len(params):
-            return torch.argmax(logits, dim=-1).tolist()
-        tokens: list[int | SampleError] = [0] * len(params)
-        if greedy_rows:
-            picked = torch.argmax(logits[greedy_rows], dim=-1).tolist()
-            for row, token in zip(greedy_rows, picked):
-                tokens[row] = token
+        argmax, bad_rows = self._argmax_and_bad_rows(logits)  # one pass for every row
+        tokens: list[int | SampleError] = list(argmax)
         for row, p in enumerate(params):
             if bad_rows[row]:
                 tokens[row] = SampleError("the model produced non-finite logits")

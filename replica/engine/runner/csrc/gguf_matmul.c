@@ -25,6 +25,11 @@ typedef struct { uint16_t d; uint8_t qs[16]; } __attribute__((packed)) block_q4_
 typedef struct { uint16_t d, m; uint8_t qs[16]; } __attribute__((packed)) block_q4_1;
 typedef struct { uint16_t d; int8_t qs[32]; } __attribute__((packed)) block_q8_0;
 
+#if defined(__F16C__) && !defined(NATIVE_PORTABLE)
+#include <immintrin.h>
+/* one instruction (vcvtph2ps) instead of the branches below: per weight block, on the hot path */
+static inline float half_to_float(uint16_t h) { return _cvtsh_ss(h); }
+#else
 static inline float half_to_float(uint16_t h) {
     uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff;
     union { uint32_t u; float f; } v;
@@ -33,6 +38,7 @@ static inline float half_to_float(uint16_t h) {
     else { v.f = (float)man * (1.0f / 16777216.0f); v.u |= sign; }
     return v.f;
 }
+#endif
 
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__) && !defined(NATIVE_PORTABLE)
 #include <immintrin.h>
@@ -48,6 +54,55 @@ static inline float hsum8(__m256 v) {
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     s = _mm_add_ss(s, _mm_movehdup_ps(s));
     return _mm_cvtss_f32(s);
+}
+
+/* One weight block against 32 int8 activations: the 8 lanes of d_w * (integer partial sums)
+ * (times the activations' scale, the caller's) and in *mw the block's offset factor. */
+static inline __attribute__((always_inline)) __m256 block_dot(const uint8_t *blk, int type, const int8_t *xq,
+                                                               float *mw) {
+    float dw;
+    __m256i wu, xv = _mm256_loadu_si256((const __m256i *)xq);
+    if (type == GGML_Q8_0) {
+        const block_q8_0 *b = (const block_q8_0 *)blk;
+        const __m256i w = _mm256_loadu_si256((const __m256i *)b->qs);
+        dw = half_to_float(b->d);
+        *mw = 0.f;
+        wu = _mm256_sign_epi8(w, w);
+        xv = _mm256_sign_epi8(xv, w);
+    } else if (type == GGML_Q4_1) {
+        const block_q4_1 *b = (const block_q4_1 *)blk;
+        dw = half_to_float(b->d);
+        *mw = half_to_float(b->m);
+        wu = unpack_nibbles(b->qs);
+    } else {
+        const block_q4_0 *b = (const block_q4_0 *)blk;
+        dw = half_to_float(b->d);
+        *mw = -8.f * dw;
+        wu = unpack_nibbles(b->qs);
+    }
+    return _mm256_mul_ps(_mm256_cvtepi32_ps(dot_u8s8(wu, xv)), _mm256_set1_ps(dw));
+}
+
+/* Decode's one row of x against one weight row (a compile-time type once inlined): two
+ * independent accumulator chains, since one FMA's latency per block would otherwise bound the
+ * loop rather than memory. Adds into acc[0] / scalar[0]; returns the blocks done (all but an
+ * odd last one). */
+static inline __attribute__((always_inline)) int64_t one_row(const uint8_t *wrow, int type, int64_t bsz, int64_t nb,
+                                                              const int8_t *xq, const float *xd, const float *xs,
+                                                              __m256 *acc, float *scalar) {
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    float scalar0 = 0.f, scalar1 = 0.f; /* locals: the caller's arrays could alias xd / xs */
+    int64_t b = 0;
+    for (; b + 1 < nb; b += 2) {
+        float m_a, m_b;
+        acc0 = _mm256_fmadd_ps(block_dot(wrow + b * bsz, type, xq + b * QK, &m_a), _mm256_set1_ps(xd[b]), acc0);
+        acc1 = _mm256_fmadd_ps(block_dot(wrow + (b + 1) * bsz, type, xq + (b + 1) * QK, &m_b), _mm256_set1_ps(xd[b + 1]), acc1);
+        scalar0 += m_a * xs[b];
+        scalar1 += m_b * xs[b + 1];
+    }
+    acc[0] = _mm256_add_ps(acc[0], _mm256_add_ps(acc0, acc1));
+    scalar[0] += scalar0 + scalar1;
+    return b;
 }
 #else
 #define HAVE_VNNI 0
@@ -108,7 +163,15 @@ int gguf_matmul(const void *w, int64_t type, const float *x, float *y, int64_t M
             __m256 acc[ROWS_PER_PASS];
             for (int64_t r = 0; r < rows; r++) acc[r] = _mm256_setzero_ps();
 #endif
-            for (int64_t b = 0; b < nb; b++) {
+            int64_t b = 0;
+#if HAVE_VNNI
+            if (rows == 1) {
+                if (type == GGML_Q4_1) b = one_row(wrow, GGML_Q4_1, bsz, nb, xq + m0 * K, xd + m0 * nb, xs + m0 * nb, acc, scalar);
+                else if (type == GGML_Q4_0) b = one_row(wrow, GGML_Q4_0, bsz, nb, xq + m0 * K, xd + m0 * nb, xs + m0 * nb, acc, scalar);
+                else b = one_row(wrow, GGML_Q8_0, bsz, nb, xq + m0 * K, xd + m0 * nb, xs + m0 * nb, acc, scalar);
+            }
+#endif
+            for (; b < nb; b++) {
                 const void *blk = wrow + b * bsz;
                 float dw, mw = 0.f;
                 if (type == GGML_Q4_1) { dw = half_to_float(((const block_q4_1 *)blk)->d); mw = half_to_float(((const block_q4_1 *)blk)->m); }
