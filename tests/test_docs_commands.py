@@ -21,7 +21,7 @@ from django.core.management import call_command, get_commands
 REPO = Path(__file__).resolve().parents[1]
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), REPO / "benchmarks" / "README.md"]
 MANAGE = re.compile(r"manage\.py ([a-z_]+)")
-BENCH = re.compile(r"python -m benchmarks\.([a-z_]+)")
+BENCH = re.compile(r"python -m benchmarks\.([a-z_][a-z0-9_]*)")
 MAKE = re.compile(r"`make ([a-z][a-z-]*)")
 
 
