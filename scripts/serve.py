@@ -34,6 +34,14 @@ from scripts.services import ensure_services  # noqa: E402
 
 VAR = REPO / "var"
 LOGS = VAR / "logs"
+
+
+def listen_endpoint(host: str, port: int) -> str:
+    """daphne's Twisted endpoint: a deep accept backlog (Twisted's default of 50 reset
+    connections in a burst of a few hundred clients arriving at once)."""
+    return f"tcp:port={port}:interface={host}:backlog=1024"
+
+
 # The API first (its last requests bill while everything else is up), the consumer last.
 STOP_ORDER = ("daphne", "node-agent", "celery-beat", "celery-worker", "billing-consumer")
 STOP_GRACE_SECONDS = {"daphne": 30, "node-agent": 60, "billing-consumer": 30}
@@ -137,7 +145,7 @@ def main() -> int:
         print(supervisor.manage("seeddemo"), flush=True)
         supervisor.start("node-agent", ["manage.py", "nodeagent", "--name", "local", "--zone",
                                         "local", "--cpu-slots", "2", "--memory-mib", "4096"])
-        supervisor.start("daphne", ["-m", "daphne", "-b", args.host, "-p", str(args.port),
+        supervisor.start("daphne", ["-m", "daphne", "-e", listen_endpoint(args.host, args.port),
                                     "llm_platform.asgi:application"])
         # Usage stream -> PostgreSQL; also replays this host's usage outbox (var/billing-outbox).
         supervisor.start("billing-consumer", ["manage.py", "billingconsumer",

@@ -220,7 +220,8 @@ class Stack:
         """daphne; returns seconds until /healthz answers."""
         if self.api is None:
             (self.api_port,) = free_ports(1)
-            argv = [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(self.api_port),
+            argv = [sys.executable, "-m", "daphne", "-e",
+                    f"tcp:port={self.api_port}:interface=127.0.0.1:backlog=1024",
                     "llm_platform.asgi:application"]
             self.api = Managed("daphne", argv, self.env, self.log_dir / "daphne.log")
         self.api.start()

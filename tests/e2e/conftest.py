@@ -74,7 +74,7 @@ def platform_env(**overrides: str) -> dict[str, str]:
 def daphne_server(name: str, env: dict[str, str]) -> Iterator[tuple[str, Proc]]:
     """daphne serving the real ASGI app with `env`: (base URL, process), stopped on exit."""
     port = free_port()
-    proc = start(name, ["-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
+    proc = start(name, ["-m", "daphne", "-e", f"tcp:port={port}:interface=127.0.0.1:backlog=1024",
                         "llm_platform.asgi:application"], env, LOG_DIR)
     url = f"http://127.0.0.1:{port}"
     try:
