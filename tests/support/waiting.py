@@ -8,17 +8,21 @@ import time
 POLL_S = 0.01
 
 
-def wait_until(predicate, timeout_s: float, what: str, period_s: float = POLL_S) -> None:
-    """Return once `predicate()` is true; AssertionError naming `what` after `timeout_s`."""
+def wait_until(predicate, timeout_s: float, what: str, period_s: float = POLL_S):
+    """Return `predicate()`'s first truthy value; AssertionError naming `what` after
+    `timeout_s`."""
     end = time.monotonic() + timeout_s
-    while not predicate():
+    while True:
+        result = predicate()
+        if result:
+            return result
         if time.monotonic() >= end:
             raise AssertionError(f"no {what} after {timeout_s} s")
         time.sleep(period_s)
 
 
 async def async_wait_until(predicate, timeout_s: float, what: str,
-                           period_s: float = POLL_S) -> None:
+                           period_s: float = POLL_S):
     """`wait_until` for the event loop: `predicate()` may return a value or an awaitable."""
     end = time.monotonic() + timeout_s
     while True:
@@ -26,7 +30,7 @@ async def async_wait_until(predicate, timeout_s: float, what: str,
         if inspect.isawaitable(result):
             result = await result
         if result:
-            return
+            return result
         if time.monotonic() >= end:
             raise AssertionError(f"no {what} after {timeout_s} s")
         await asyncio.sleep(period_s)
