@@ -52,8 +52,9 @@ class DrainWatcher:
         else:
             return
         grace_s = self._read_grace_s()
-        self._log.info("drain requested via %s: grace %.1f s", self._path, grace_s)
         self._on_drain(grace_s)
+        # Logged once applied: from this line on new requests are refused (tests wait for it).
+        self._log.info("drain requested via %s: grace %.1f s", self._path, grace_s)
         while not self._stopped.is_set():
             if self._wait_drained(self._poll_interval_s):
                 self._write_marker()

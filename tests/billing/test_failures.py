@@ -6,7 +6,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -22,18 +21,10 @@ from billing.stream import GROUP, StreamKeys, send_batch
 from scripts.services import free_port, wait_port
 from tests.billing.test_outbox import recorder_to
 from tests.support.billing import drain, event, sync_redis
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[2]
-
-
-def wait_for(check, deadline_s: float, what: str) -> None:
-    end = time.monotonic() + deadline_s
-    while time.monotonic() < end:
-        if check():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def start_consumer(name: str, log: Path) -> subprocess.Popen:
@@ -55,7 +46,8 @@ def test_consumer_killed_with_sigkill_mid_stream(account, model_version, tmp_pat
     try:
         for i in range(0, 1500, 100):
             send_batch(client, keys, events[i:i + 100])
-        wait_for(lambda: UsageRecord.objects.count() > 200, 60, "the first consumer to work")
+        wait_until(lambda: UsageRecord.objects.count() > 200, 60, "the first consumer to work",
+                   period_s=0.1)
         for i in range(1500, 3000, 100):
             send_batch(client, keys, events[i:i + 100])
             if i == 1500:
@@ -64,9 +56,10 @@ def test_consumer_killed_with_sigkill_mid_stream(account, model_version, tmp_pat
         assert UsageRecord.objects.count() < 3000  # it died with work left
         second = start_consumer("survivor", tmp_path / "survivor.log")
         try:
-            wait_for(lambda: UsageRecord.objects.count() >= 3000
-                     and client.xpending(keys.stream, GROUP)["pending"] == 0
-                     and client.xlen(keys.stream) == 0, 90, "the survivor to finish")
+            wait_until(lambda: UsageRecord.objects.count() >= 3000
+                       and client.xpending(keys.stream, GROUP)["pending"] == 0
+                       and client.xlen(keys.stream) == 0, 90, "the survivor to finish",
+                       period_s=0.1)
         finally:
             second.send_signal(signal.SIGTERM)
             assert second.wait(20) == 0
@@ -136,7 +129,8 @@ def test_redis_restarted_while_traffic_flows(account, model_version, tmp_path):
     try:
         asyncio.run(traffic())
         assert counting.num_appended > 0  # Redis was down for part of the traffic
-        wait_for(lambda: UsageRecord.objects.count() >= 400, 60, "every event billed")
+        wait_until(lambda: UsageRecord.objects.count() >= 400, 60, "every event billed",
+                   period_s=0.1)
     finally:
         stop.set()
         thread.join(30)

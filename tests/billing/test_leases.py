@@ -7,6 +7,7 @@ from django.conf import settings
 
 from billing.leases import UsageLease, held_leases, lease_key
 from tests.support.billing import sync_redis
+from tests.support.waiting import async_wait_until, wait_until
 
 
 def test_a_lease_is_refreshed_while_held_and_deleted_on_release():
@@ -15,7 +16,14 @@ def test_a_lease_is_refreshed_while_held_and_deleted_on_release():
         lease = UsageLease(client, settings.REDIS_KEY_PREFIX, "lease-1", ttl_s=1.0)
         try:
             await lease.hold()
-            await asyncio.sleep(2.5)  # the time under test: past two TTLs, only refreshes keep it
+            # The time under test: past two TTLs, only refreshes keep it. An unrefreshed control
+            # key set now with 2.5 TTLs marks that moment by expiring in Redis.
+            control = lease.key + ":control"
+            await client.set(control, b"1", px=2500)
+
+            async def control_expired():
+                return not await client.exists(control)
+            await async_wait_until(control_expired, 30.0, "2.5 lease TTLs passing in Redis")
             alive = await client.exists(lease.key)
             await lease.release()
             return alive, await client.exists(lease.key)
@@ -42,8 +50,9 @@ def test_an_abandoned_lease_expires_and_the_reaper_sees_it_gone():
         ttl_ms = client.pttl(lease_key(settings.REDIS_KEY_PREFIX, "lease-2"))
         assert 0 < ttl_ms <= 200
         client.pexpire(lease_key(settings.REDIS_KEY_PREFIX, "lease-2"), 1)
-        while client.exists(lease_key(settings.REDIS_KEY_PREFIX, "lease-2")):
-            pass  # expires within its 1 ms (Redis checks expiry on every access)
+        # Expires within its 1 ms (Redis checks expiry on every access).
+        wait_until(lambda: not client.exists(lease_key(settings.REDIS_KEY_PREFIX, "lease-2")),
+                   5.0, "the lease expiring", period_s=0.001)
         assert held_leases(client, settings.REDIS_KEY_PREFIX, ["lease-2"]) == set()
     finally:
         client.close()

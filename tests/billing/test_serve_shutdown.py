@@ -17,12 +17,12 @@ from billing.stream import StreamKeys, send_batch
 def test_the_api_stops_first_and_the_consumer_last(tmp_path):
     stopped = tmp_path / "stopped"
     # Each child appends its name on SIGTERM; the supervisor waits for one before the next.
-    script = ("import signal, sys, time\n"
+    script = ("import signal, sys\n"
               "def bye(*_):\n"
               f"    open({str(stopped)!r}, 'a').write(sys.argv[1] + '\\n'); sys.exit(0)\n"
               "signal.signal(signal.SIGTERM, bye)\n"
               "print('up', flush=True)\n"
-              "while True: time.sleep(0.05)\n")
+              "while True: signal.pause()\n")  # until SIGTERM
     supervisor = Supervisor({})
     for name in ("node-agent", "daphne", "billing-consumer", "celery-worker", "celery-beat"):
         proc = subprocess.Popen([sys.executable, "-c", script, name], stdout=subprocess.PIPE,

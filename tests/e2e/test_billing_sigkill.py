@@ -9,7 +9,6 @@ import json
 import os
 import re
 import signal
-import time
 
 import httpx
 import pytest
@@ -25,16 +24,9 @@ from models_registry.services import ensure_model_version, register_replica
 from tenants.services import create_api_key, create_tenant
 from tests.e2e.conftest import daphne_server, platform_env
 from tests.support.billing import drain, reset_usage_stream
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
-
-
-def wait_for(check, deadline_s: float, what: str) -> None:
-    """Poll `check()` until true (a guard against hangs, not a performance threshold)."""
-    end = time.monotonic() + deadline_s
-    while not check():
-        assert time.monotonic() < end, f"no {what} after {deadline_s} s"
-        time.sleep(0.1)
 
 
 def counter(metrics_address: str, name: str) -> float:
@@ -77,13 +69,13 @@ def test_sigkill_of_the_api_mid_stream_bills_what_the_replica_computed(transacti
     client = redis.Redis.from_url(settings.REDIS_URL)
     try:
         # The replica sees the broken stream, aborts the request and goes idle.
-        wait_for(lambda: replica_server.active_seqs() == 0, 120, "replica idle")
+        wait_until(lambda: replica_server.active_seqs() == 0, 120, "replica idle", period_s=0.1)
         drain()  # the pending event daphne sent at admission
         pending = list(UsageRecord.objects.filter(tenant=tenant))
         assert [r.status for r in pending] == ["pending"]
         request_ids = [pending[0].request_id]
-        wait_for(lambda: not client.exists(lease_key(settings.REDIS_KEY_PREFIX, request_ids[0])),
-                 30, "lease expiry")
+        wait_until(lambda: not client.exists(lease_key(settings.REDIS_KEY_PREFIX, request_ids[0])),
+                   30, "lease expiry", period_s=0.1)
         result = reap_pending_usage(
             timezone.now(), ask_replicas,
             lambda ids: held_leases(client, settings.REDIS_KEY_PREFIX, ids),

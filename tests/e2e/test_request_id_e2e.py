@@ -3,7 +3,6 @@ the header and the reply, is on daphne's JSON log line about the request, on the
 in the real replica's log (it reached tritonserver as Triton's request id)."""
 import json
 import re
-import time
 import uuid
 
 import httpx
@@ -12,20 +11,9 @@ import pytest
 from billing.models import UsageRecord
 from tests.e2e.conftest import LOG_DIR
 from tests.support.billing import drain, reset_usage_stream
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
-
-
-def wait_until_true(check, deadline_s: float):
-    """Poll `check()` (log files are written by other processes) until it returns a truthy
-    value; fail at the deadline."""
-    deadline = time.monotonic() + deadline_s
-    while True:
-        value = check()
-        if value:
-            return value
-        assert time.monotonic() < deadline, "not seen before the deadline"
-        time.sleep(0.1)
 
 
 def replica_log_text() -> str:
@@ -57,7 +45,8 @@ def test_request_id_from_header_to_log_usage_row_and_replica(fleet):
                     return record
         return None
 
-    record = wait_until_true(daphne_line, 30)
+    record = wait_until(daphne_line, 30, "daphne's log line for the request", period_s=0.1)
     assert record["request_id"] == request_id and record["model"] == "chat-small"
     assert record["tenant_id"] == row.tenant_id and record["level"] == "info"
-    wait_until_true(lambda: f"request {request_id}: " in replica_log_text(), 30)
+    wait_until(lambda: f"request {request_id}: " in replica_log_text(), 30,
+               "the replica's log line for the request", period_s=0.1)

@@ -1,7 +1,6 @@
 """Raw SSE and WebSocket streaming of /v1/generate, and disconnects freeing the replica."""
 import asyncio
 import json
-import time
 
 import httpx
 import pytest
@@ -10,6 +9,7 @@ from websockets.asyncio.client import connect
 from billing.models import UsageRecord
 from tests.support.billing import drain
 from tests.support.platform import sse_events
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -20,15 +20,9 @@ LONG = {**BODY, "messages": [{"role": "user", "content": "Tell a very long story
         "max_tokens": 2000, "temperature": 1.0}
 
 
-def wait_for(predicate, what: str, deadline_s: float = 60.0):
+def wait_for(predicate, what: str):
     """Hang guard, not a performance threshold."""
-    end = time.monotonic() + deadline_s
-    while time.monotonic() < end:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
+    return wait_until(predicate, 60.0, what, period_s=0.1)
 
 
 def test_sse_generate(fleet):

@@ -20,6 +20,7 @@ from inference.admission import (
     Waiter,
 )
 from inference.metrics import admission_metrics
+from tests.support.waiting import async_wait_until
 
 pytestmark = pytest.mark.asyncio
 
@@ -45,6 +46,31 @@ def make_queue(redis, policy=None, max_queue=100, queue_class=AdmissionQueue,
                        **kwargs)
 
 
+async def waiting_tenants(redis, queue, model="m") -> list[str]:
+    """The tenants of the tickets in `model`'s waiting hash, sorted. The Lua pump hands slots
+    over atomically at each release (and enter), so this state says who was admitted."""
+    tickets = await redis.hkeys(queue.keys(model)[0])
+    return sorted(t.decode().split(":", 1)[0] for t in tickets)
+
+
+async def until_waiting(redis, queue, tenants: list[str], model="m") -> None:
+    """Wait until exactly `tenants` (with repeats) wait on `model`: the tasks have queued."""
+    async def check():
+        return await waiting_tenants(redis, queue, model) == sorted(tenants)
+    await async_wait_until(check, 5.0, f"waiters {sorted(tenants)} queued on {model}")
+
+
+async def _has_waiting(redis, queue, tenant: str, model="m") -> bool:
+    return tenant in await waiting_tenants(redis, queue, model)
+
+
+async def until_queued(redis, queue, n: int, model="m") -> None:
+    """Wait until `n` waiters are in `model`'s waiting hash."""
+    async def check():
+        return await redis.hlen(queue.keys(model)[0]) == n
+    await async_wait_until(check, 5.0, f"{n} waiters queued on {model}")
+
+
 def waiter(tenant, priority=10, cost=10, max_wait_s=10.0) -> Waiter:
     return Waiter(tenant=tenant, priority=priority, cost_tokens=cost, max_wait_s=max_wait_s)
 
@@ -61,17 +87,16 @@ async def admission_order(queue, waiters: list[tuple[str, Waiter]]) -> list[str]
         order.append(name)
 
     tasks = []
-    for name, w in waiters:
+    for i, (name, w) in enumerate(waiters):
         tasks.append(asyncio.create_task(wait_for(name, w)))
-        await asyncio.sleep(0.02)  # arrival order is the listed order
+        await until_queued(queue._redis, queue, i + 1)  # arrival order is the listed order
     assert order == []
     await holder.release()
     for k in range(len(waiters)):
-        for _ in range(400):
-            if len(order) > k:
-                break
-            await asyncio.sleep(0.005)
-        await asyncio.sleep(0.03)  # nobody else may get in while the one slot is held
+        await async_wait_until(lambda k=k: len(order) > k, 5.0, f"admission #{k + 1}")
+        # Nobody else got in while the one slot is held: the pump admits at the release, so
+        # the rest are still in the waiting hash.
+        assert await queue._redis.hlen(queue.keys("m")[0]) == len(waiters) - k - 1
         assert len(order) == k + 1
         await slots[order[k]].release()
     await asyncio.gather(*tasks)
@@ -125,7 +150,7 @@ async def test_queue_full_and_wait_bound(redis):
     holder = await queue.admit("m", 1, waiter("A"), capacity=1)
     started = time.monotonic()
     task = asyncio.create_task(queue.admit("m", 1, waiter("B", max_wait_s=0.3), capacity=1))
-    await asyncio.sleep(0.05)
+    await until_waiting(redis, queue, ["B"])
     with pytest.raises(QueueFull):  # one waiting already: the bound is 1
         await queue.admit("m", 1, waiter("C"), capacity=1)
     with pytest.raises(QueueTimeout):
@@ -145,7 +170,7 @@ async def test_cancelled_waiter_leaves_and_slot_goes_on(redis):
     holder = await queue.admit("m", 1, waiter("A"), capacity=1)
     cancelled = asyncio.create_task(queue.admit("m", 1, waiter("B"), capacity=1))
     patient = asyncio.create_task(queue.admit("m", 1, waiter("C"), capacity=1))
-    await asyncio.sleep(0.05)
+    await until_waiting(redis, queue, ["B", "C"])
     cancelled.cancel()
     with pytest.raises(asyncio.CancelledError):
         await cancelled
@@ -169,7 +194,7 @@ async def test_dead_waiter_is_never_handed_a_slot(redis):
         int(clock[0] * 1000), 900_000, "unused:", "D:1:dead", 0, "D", 1, 1, 1, 0, 10, 5000])
     clock[0] += 10  # its heartbeat lapses
     live = asyncio.create_task(queue.admit("m", 1, waiter("B"), capacity=1))
-    await asyncio.sleep(0.05)
+    await async_wait_until(lambda: _has_waiting(redis, queue, "B"), 5.0, "B queued")
     await holder.release()
     slot = await asyncio.wait_for(live, 1.0)
     assert await redis.zscore(queue.keys("m")[1], "D:1:dead") is None
@@ -180,11 +205,11 @@ async def test_headroom_only_for_a_tenant_with_nothing_running(redis):
     queue = make_queue(redis)
     a0 = await queue.admit("m", 1, waiter("A"), capacity=1, headroom=1)
     a1 = asyncio.create_task(queue.admit("m", 1, waiter("A"), capacity=1, headroom=1))
-    await asyncio.sleep(0.05)
+    await until_waiting(redis, queue, ["A"])
     assert not a1.done()  # A already runs: no headroom for A
     b0 = await asyncio.wait_for(queue.admit("m", 1, waiter("B"), capacity=1, headroom=1), 1.0)
     b1 = asyncio.create_task(queue.admit("m", 1, waiter("B"), capacity=1, headroom=1))
-    await asyncio.sleep(0.05)
+    await until_waiting(redis, queue, ["A", "B"])
     assert not b1.done()  # capacity + headroom reached
     await a0.release()
     # One slot free: a1 and b1 both waiting, A and B both served once: arrival order.
@@ -201,18 +226,18 @@ async def test_headroom_for_a_tenant_under_its_fair_share_of_the_slots(redis):
     queue = make_queue(redis)
     a_slots = [await queue.admit("m", 1, waiter("A"), capacity=4, headroom=2) for _ in range(4)]
     a_more = asyncio.create_task(queue.admit("m", 1, waiter("A"), capacity=4, headroom=2))
-    await asyncio.sleep(0.05)
+    await until_waiting(redis, queue, ["A"])
     assert not a_more.done()  # A runs 4 of the 4 slots: over any share
     b0 = await asyncio.wait_for(queue.admit("m", 1, waiter("B"), capacity=4, headroom=2), 1.0)
     b1 = await asyncio.wait_for(queue.admit("m", 1, waiter("B"), capacity=4, headroom=2), 1.0)
     b2 = asyncio.create_task(queue.admit("m", 1, waiter("B"), capacity=4, headroom=2))
-    await asyncio.sleep(0.05)
+    await until_waiting(redis, queue, ["A", "B"])
     assert not b2.done()  # capacity + headroom reached (and B at its share of 2)
     assert not a_more.done()
     # Headroom lets in flight exceed the capacity: a capacity slot frees only below 4 running.
     for s in a_slots[:2]:
         await s.release()
-    await asyncio.sleep(0.05)
+    assert await waiting_tenants(redis, queue) == ["A", "B"]  # the releases admitted nobody
     assert not a_more.done() and not b2.done()  # 4 running (A 2, B 2): both at their share
     await a_slots[2].release()
     # 3 running: one slot. B was caught up to the virtual clock when it arrived (30) and has
@@ -229,7 +254,7 @@ async def test_waiter_is_woken_by_the_release(redis):
     queue = make_queue(redis)  # fallback poll after 60 s: only a wake-up admits in time
     holder = await queue.admit("m", 1, waiter("A"), capacity=1)
     task = asyncio.create_task(queue.admit("m", 1, waiter("B"), capacity=1))
-    await asyncio.sleep(0.05)
+    await until_waiting(redis, queue, ["B"])
     assert not task.done()
     await holder.release()
     slot = await asyncio.wait_for(task, 5.0)
@@ -237,6 +262,16 @@ async def test_waiter_is_woken_by_the_release(redis):
     assert not [k async for k in redis.scan_iter(match=queue.keys("m")[0][:-len("waiting")] + "wake*")]
     assert queue.wakeups._events == {}
     await slot.release()
+
+
+class PollCountingQueue(AdmissionQueue):
+    """Counts its waits: a waiter waits again only after a poll that did not admit it."""
+
+    num_waits = 0
+
+    async def wait_for_wake(self, model, ticket, timeout_s):
+        self.num_waits += 1
+        return await super().wait_for_wake(model, ticket, timeout_s)
 
 
 class DeafQueue(AdmissionQueue):
@@ -254,7 +289,7 @@ async def test_lost_wake_up_is_covered_by_the_fallback_poll(redis):
     queue = make_queue(redis, queue_class=DeafQueue, fallback_poll_s=0.05, heartbeat_s=5.0)
     holder = await queue.admit("m", 1, waiter("A"), capacity=1)
     task = asyncio.create_task(queue.admit("m", 1, waiter("B"), capacity=1))
-    await asyncio.sleep(0.2)
+    await async_wait_until(lambda: queue.num_waits >= 2, 5.0, "two fallback polls")
     assert not task.done() and queue.num_waits >= 2  # it polls while it waits
     await holder.release()
     slot = await asyncio.wait_for(task, 5.0)
@@ -266,7 +301,7 @@ async def test_versions_of_a_model_share_one_queue_bound(redis):
     v1 = await queue.admit("m", 1, waiter("A"), capacity=1)
     v2 = await queue.admit("m", 2, waiter("A"), capacity=1)  # a canary version: its own slots
     task = asyncio.create_task(queue.admit("m", 1, waiter("B"), capacity=1))
-    await asyncio.sleep(0.05)
+    await until_waiting(redis, queue, ["B"])
     with pytest.raises(QueueFull):  # the one queue place is taken, whatever the version
         await queue.admit("m", 2, waiter("C"), capacity=1)
     other_model = await asyncio.wait_for(queue.admit("n", 1, waiter("C"), capacity=1), 1.0)
@@ -291,13 +326,13 @@ async def test_a_freed_slot_goes_to_the_best_waiter_of_its_version(redis):
     tasks = {"v1-interactive": asyncio.create_task(wait_for("v1-interactive", 1, waiter("I", 0))),
              "v1-batch": asyncio.create_task(wait_for("v1-batch", 1, waiter("X", 20))),
              "v2-standard": asyncio.create_task(wait_for("v2-standard", 2, waiter("S", 10)))}
-    await asyncio.sleep(0.05)
+    await until_waiting(redis, queue, ["I", "S", "X"])
     await v2.release()  # version 2 frees: its waiter goes, though version 1 has a higher tier
     slot_s = await asyncio.wait_for(tasks["v2-standard"], 5.0)
     assert admitted == ["v2-standard"]
     await v1.release()  # version 1 frees: tier order among its waiters
     slot_i = await asyncio.wait_for(tasks["v1-interactive"], 5.0)
-    await asyncio.sleep(0.05)
+    assert await waiting_tenants(redis, queue) == ["X"]  # the batch waiter was not let in
     assert admitted == ["v2-standard", "v1-interactive"]
     await slot_i.release()
     await (await asyncio.wait_for(tasks["v1-batch"], 5.0)).release()
@@ -317,9 +352,9 @@ async def test_fair_share_counts_service_on_every_version(redis):
         await slot.release()
 
     a = asyncio.create_task(wait_for("A", waiter("A")))
-    await asyncio.sleep(0.02)
+    await until_waiting(redis, queue, ["A"])
     b = asyncio.create_task(wait_for("B", waiter("B")))
-    await asyncio.sleep(0.05)
+    await until_waiting(redis, queue, ["A", "B"])
     await holder.release()
     await asyncio.wait_for(asyncio.gather(a, b), 5.0)
     assert order == ["B", "A"]
@@ -338,14 +373,15 @@ class Clock:
 async def test_slot_is_a_lease_reclaimed_after_its_ttl_unless_refreshed(redis):
     clock = Clock()
     prefix = f"{settings.REDIS_KEY_PREFIX}{uuid.uuid4().hex[:6]}:"
-    queue = AdmissionQueue(redis, prefix, clock, FairShare(), max_queue=10, heartbeat_s=60.0,
-                           slot_ttl_s=30.0, fallback_poll_s=0.05)
+    queue = PollCountingQueue(redis, prefix, clock, FairShare(), max_queue=10,
+                              heartbeat_s=60.0, slot_ttl_s=30.0, fallback_poll_s=0.05)
     kept = await queue.admit("m", 1, waiter("alive"), capacity=2)
     dead = await queue.admit("m", 1, waiter("dead"), capacity=2)  # its holder never refreshes
     clock.now += 20
     assert await kept.refresh()
     task = asyncio.create_task(queue.admit("m", 1, waiter("next", max_wait_s=1000), capacity=2))
-    await asyncio.sleep(0.2)
+    # Each wait after the first follows a poll that found no slot: two such polls ran.
+    await async_wait_until(lambda: queue.num_waits >= 3, 5.0, "two polls of the waiter")
     assert not task.done()  # both slots still held
     clock.now += 15  # the dead holder's lease ran out; the live one was refreshed 15 s ago
     slot = await asyncio.wait_for(task, 5.0)  # the waiter's poll reclaimed the dead slot

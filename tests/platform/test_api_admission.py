@@ -5,11 +5,13 @@ import json
 
 import pytest
 
+from inference.admission import queue_keys
 from inference.container import current_container
 from inference.formats.native import NativeFormat
 from inference.pipeline import prepare
 from inference.relay import open_events
 from tenants.models import Tier
+from tests.support.waiting import async_wait_until
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.django_db(transaction=True)]
 
@@ -62,7 +64,12 @@ async def test_503_after_the_tier_wait_bound(client, auth, ready_replica, one_sl
 async def test_waiting_request_runs_when_the_slot_frees(client, auth, ready_replica, one_slot):
     held = await hold_slot(auth)
     waiting = asyncio.create_task(post(client, BODY, auth))
-    await asyncio.sleep(0.3)
+    container = current_container()
+    queue = queue_keys(container.key_prefix, "chat-small")[0]  # the model's waiting hash
+
+    async def queued():
+        return await container.redis.hlen(queue) == 1
+    await async_wait_until(queued, 10.0, "the request queued for the held slot")
     assert not waiting.done()
     metrics = (await client.get("/metrics")).content.decode()
     assert "llmp_admission_queue_depth{" in metrics and "} 1\n" in metrics

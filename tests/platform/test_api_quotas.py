@@ -2,6 +2,7 @@
 never fit, corrections with actual usage (finished and cancelled), limits edits seen."""
 import asyncio
 import json
+import time
 
 import pytest
 import redis.asyncio as aioredis
@@ -14,6 +15,7 @@ from inference.relay import open_events
 from tenants.buckets import TokenBuckets
 from tenants.models import Tenant, Tier
 from tenants.selectors import LimitsCache
+from tests.support.waiting import async_wait_until
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.django_db(transaction=True)]
 
@@ -60,8 +62,20 @@ async def test_headers_on_json_and_streaming_replies(client, auth, tenant, ready
     b"".join([chunk async for chunk in stream.streaming_content])
 
 
+class Clock:
+    """The token buckets' injected wall clock, moved by the test."""
+
+    def __init__(self):
+        self.now = time.time()
+
+    def __call__(self) -> float:
+        return self.now
+
+
 async def test_429_with_retry_after_then_a_patient_client_succeeds(client, auth, tenant,
-                                                                    ready_replica):
+                                                                    ready_replica, monkeypatch):
+    clock = Clock()  # frozen while the burst is spent: no refill in between
+    monkeypatch.setattr(current_container().buckets, "_clock", clock)
     await set_limits(tenant, requests_per_minute=60, request_burst=2)
     assert (await post(client, BODY, auth)).status_code == 200
     assert (await post(client, BODY, auth)).status_code == 200
@@ -73,7 +87,7 @@ async def test_429_with_retry_after_then_a_patient_client_succeeds(client, auth,
     assert refused["Retry-After"] == "1"
     assert refused["x-ratelimit-remaining-requests"] == "0"
     assert all(name in refused for name in HEADERS)
-    await asyncio.sleep(int(refused["Retry-After"]))
+    clock.now += int(refused["Retry-After"])  # the patient client waits what it was told
     assert (await post(client, BODY, auth)).status_code == 200
 
 
@@ -103,7 +117,11 @@ async def test_correction_refunds_the_unused_estimate(client, auth, tenant, read
     response = await post(client, prompt, auth)
     usage = response.json()["usage"]
     assert usage["output_tokens"] == 3  # estimate charged 50
-    await asyncio.sleep(0.1)  # the correction runs as the request ends
+    expected = 10_000 - (usage["input_tokens"] + 3)
+
+    async def corrected():  # the correction runs as the request ends
+        return abs(await tokens_level(tenant) - expected) <= 0.5
+    await async_wait_until(corrected, 10.0, "the bucket corrected to the tokens used")
     level = await tokens_level(tenant)
     assert 10_000 - level == pytest.approx(usage["input_tokens"] + 3, abs=0.5)
 
@@ -137,21 +155,20 @@ async def test_cancelled_before_the_first_token_is_charged_the_prefill(auth, ten
     prepared = await prepare(container, "generate", auth["Authorization"], body, None)
     # open_events waits for the first token (or an error before it).
     first = asyncio.ensure_future(open_events(container, prepared, NativeFormat()))
-    while not fake_replica.state.usage:  # the replica has the request: it is "prefilling"
-        await asyncio.sleep(0.01)
+    # The replica has the request: it is "prefilling".
+    await async_wait_until(lambda: fake_replica.state.usage, 10.0, "the replica prefilling")
     first.cancel()  # the client goes away before the first token
     with pytest.raises(asyncio.CancelledError):
         await first
     num_prompt = len(fake_replica.state.requests[0]["input_ids"])
     # The request's end (ask the replica, correct the bucket, final event) runs shielded after
     # the cancellation: wait for its final event to be billed.
-    deadline = asyncio.get_running_loop().time() + 30
-    while True:
+    async def settled():
         await sync_to_async(drain)()
         row = await UsageRecord.objects.aget(request_id=prepared.request_id)
-        if row.status != "pending" or asyncio.get_running_loop().time() > deadline:
-            break
-        await asyncio.sleep(0.05)
+        return row.status != "pending"
+    await async_wait_until(settled, 30.0, "the cancelled request's final event billed")
+    row = await UsageRecord.objects.aget(request_id=prepared.request_id)
     assert 10_000 - await tokens_level(tenant) == pytest.approx(num_prompt, abs=0.5)
     assert (row.status, row.input_tokens, row.output_tokens, row.ttft_ms) == \
         ("cancelled", num_prompt, 0, None)
@@ -165,7 +182,11 @@ async def test_limits_edit_seen_after_the_cache_ttl(tenant):
         assert (await cache.get(tenant.pk)).requests_per_minute == 600
         await set_limits(tenant, requests_per_minute=7)
         assert (await cache.get(tenant.pk)).requests_per_minute == 600  # still cached
-        await asyncio.sleep(0.35)
+        assert await redis.pttl(cache.key(tenant.pk)) <= 300  # at most the TTL (-2: gone)
+
+        async def expired():
+            return not await redis.exists(cache.key(tenant.pk))
+        await async_wait_until(expired, 5.0, "the cached limits expiring")
         limits = await cache.get(tenant.pk)
         assert limits.requests_per_minute == 7 and limits.request_burst == 7
     finally:

@@ -11,6 +11,7 @@ from inference.admission import queue_keys
 from inference.container import current_container
 from models_registry.models import ScalingPolicy
 from models_registry.services import register_replica
+from tests.support.waiting import async_wait_until
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.django_db(transaction=True)]
 
@@ -35,10 +36,11 @@ async def test_a_request_at_zero_waits_for_the_first_replica(client, auth, model
     request = asyncio.create_task(post(client, auth))
     container = current_container()
     waiting = queue_keys(container.key_prefix, model_version.model.name)[0]  # the model's queue
-    for _ in range(200):  # the request is queued (visible to the autoscaler as queue depth)
-        if await container.redis.hlen(waiting):
-            break
-        await asyncio.sleep(0.05)
+
+    async def queued():
+        return await container.redis.hlen(waiting) > 0
+    # The request is queued (visible to the autoscaler as queue depth).
+    await async_wait_until(queued, 10.0, "the request queued for a first replica")
     assert await container.redis.hlen(waiting) == 1
     assert not request.done()
     await sync_to_async(register_replica)(model_version, fake_replica.grpc_address,

@@ -12,6 +12,7 @@ import time
 import pytest
 
 from tests.support.processes import REPO
+from tests.support.waiting import wait_until
 
 STARTER = """
 import sys, time
@@ -36,11 +37,11 @@ def _alive(pid: int) -> bool:
 
 
 def _gone(pid: int, within_s: float = 15.0) -> bool:
-    end = time.monotonic() + within_s
-    while _alive(pid):
-        if time.monotonic() > end:
-            return False
-        time.sleep(0.05)
+    """The (reparented, so not waitable) process has exited within `within_s`."""
+    try:
+        wait_until(lambda: not _alive(pid), within_s, f"exit of process {pid}", period_s=0.05)
+    except AssertionError:
+        return False
     return True
 
 

@@ -18,6 +18,7 @@ from models_registry.services import register_replica
 from replica.engine.kv.manager import KVCacheManager
 from replica.engine.request import Request
 from replica.engine.sampling_params import SamplingParams
+from tests.support.waiting import async_wait_until
 
 
 class Clock:
@@ -127,6 +128,10 @@ replica_running_seqs{model="chat-small",version="2"} 0
     assert parse_info('replica_running_seqs{model="m",version="1"} 0\n') == {}
 
 
+async def _read_is_empty(store, replica_id: int) -> bool:
+    return await store.read([replica_id]) == {}
+
+
 @pytest.mark.asyncio
 async def test_signal_poller_shares_fresh_signals_once_per_tick(redis, fake_replica):
     store = SignalStore(redis, PREFIX, ttl_s=0.3)
@@ -142,8 +147,8 @@ async def test_signal_poller_shares_fresh_signals_once_per_tick(redis, fake_repl
         assert (await first.poll_once()).keys() == {9}
         assert await second.poll_once() == {}  # this tick's lease is taken
         assert (await store.read([9]))[9].running_seqs == 0
-        import asyncio
-        await asyncio.sleep(0.4)
+        assert await redis.pttl(store.key(9)) <= 300  # at most the TTL left (-2: gone already)
+        await async_wait_until(lambda: _read_is_empty(store, 9), 5.0, "stale signals expiring")
         assert await store.read([9]) == {}  # stale signals expire
         first.forget_after_s = 0.0  # no longer offered by the router: no longer polled
         assert await first.poll_once() == {} and first._watched == {}

@@ -13,6 +13,7 @@ from inference.replica_client import (
     ReplicaUnavailable,
 )
 from inference.triton_client import TritonReplicaClient
+from tests.support.waiting import async_wait_until
 
 pytestmark = pytest.mark.asyncio
 
@@ -63,10 +64,8 @@ async def test_closing_the_stream_cancels_on_the_replica(fake_replica):
         async for _ in chunks:
             assert fake_replica.state.num_running == 1
             break
-    for _ in range(200):
-        if fake_replica.state.num_running == 0:
-            break
-        await asyncio.sleep(0.01)
+    await async_wait_until(lambda: fake_replica.state.num_running == 0, 5.0,
+                           "the replica cancelling the closed stream")
     assert fake_replica.state.num_running == 0
     await client.close()
 

@@ -9,6 +9,7 @@ import pytest
 from replica.engine.engine_loop import EngineDeadError, EngineLoop, EngineUnavailableError, InjectedFault
 from replica.engine.request import ErrorKind, FinishReason, RequestOutput
 from replica.engine.sampling_params import InvalidRequestError, SamplingParams
+from tests.support.waiting import wait_until
 
 
 class ScriptedEngine:
@@ -155,8 +156,7 @@ def test_abort_delivers_a_final_abort_and_frees_the_engine(loop, engine):
     engine.step_sleep_s = 0.001
     got = Collector()
     loop.submit("long", [1], greedy(10_000), on_output=got("long"))
-    while not got.outputs["long"]:
-        time.sleep(0.001)
+    wait_until(lambda: got.outputs["long"], 5.0, "the first output of 'long'", period_s=0.001)
     loop.abort("long")
     got.wait("long")
     assert got.outputs["long"][-1].finish_reason == FinishReason.ABORT
@@ -211,7 +211,10 @@ def test_drain_aborts_what_is_still_open_at_the_deadline(engine):
     got = Collector()
     loop.submit("endless", [1], greedy(10**9), on_output=got("endless"))
     loop.drain(grace_s=5.0)
-    time.sleep(0.05)
+    # Every loop turn checks the drain deadline before its step: three steps after the drain
+    # saw the clock short of it.
+    after = engine.num_steps + 1  # the next step may have been decided before the drain
+    wait_until(lambda: engine.num_steps >= after + 3, 5.0, "three steps after the drain")
     assert not got.done["endless"].is_set()  # the clock has not reached the deadline
     now[0] += 6.0
     got.wait("endless")
@@ -259,9 +262,8 @@ def test_ticks_publish_stats_while_busy_and_once_on_going_idle(engine):
     got = Collector()
     loop.submit("a", [1], greedy(30), on_output=got("a"))
     got.wait("a")
-    deadline = time.monotonic() + 2.0
-    while (not ticks or ticks[-1]["num_running"] != 0) and time.monotonic() < deadline:
-        time.sleep(0.005)
+    wait_until(lambda: ticks and ticks[-1]["num_running"] == 0, 2.0, "the going-idle tick",
+               period_s=0.005)
     assert any(t["num_running"] == 1 for t in ticks)
     assert ticks[-1] == {"num_running": 0}
     loop.stop()
@@ -310,7 +312,8 @@ def test_a_lighter_newcomer_cuts_the_step_under_way_short_and_a_heavier_one_does
         loop.submit("a1", [1], greedy(3), tenant="A", on_output=got("a1"))
         assert engine.step_started.wait(2.0)
         loop.submit("a2", [1], greedy(3), tenant="A", on_output=got("a2"))  # the burst itself
-        time.sleep(0.05)
+        # a2 reaches the engine once the step it arrived during has ended: that whole step ran.
+        wait_until(lambda: "a2" in engine.requests, 5.0, "a2 added after the step under way")
         assert engine.interrupted_steps == 0
         loop.submit("b1", [1], greedy(1), tenant="B", on_output=got("b1"))
         got.wait("a1", "a2", "b1")

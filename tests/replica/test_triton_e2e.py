@@ -27,6 +27,7 @@ grpc_aio = pytest.importorskip("tritonclient.grpc.aio")
 from tritonclient.grpc import InferInput  # noqa: E402
 from tritonclient.utils import InferenceServerException  # noqa: E402
 from scripts.services import free_ports  # noqa: E402
+from tests.support.waiting import async_wait_until  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
@@ -367,7 +368,14 @@ async def test_sigterm_drains_then_exits_cleanly(replica):
     await asyncio.wait_for(asyncio.gather(*(e.wait() for e in started.values())), timeout=60)
     signalled = time.monotonic()
     replica.process.send_signal(signal.SIGTERM)
-    await asyncio.sleep(1.0)
+    # The model logs the drain once its engine loop has it: from then on new work is refused.
+    server_log = Path(re.search(r"\(log: (.+)\)", next(
+        line for line in replica.lines if line.startswith("replica ready:"))).group(1))
+
+    async def drain_applied():
+        text = await asyncio.to_thread(server_log.read_text, errors="replace")
+        return "drain requested via" in text
+    await async_wait_until(drain_applied, 60.0, "the model applying the drain", period_s=0.05)
     refused = await generate(grpc_aio.InferenceServerClient(replica.grpc_url), PROMPTS[5], 4)
     short_result, endless_result = await short, await endless
     await client.close()
