@@ -13,6 +13,10 @@ from inference.pipeline import authenticate_header
 from inference.views.errors import api_endpoint
 
 MAX_SPAN = timedelta(days=366)
+# Times outside these years are refused (400): near datetime's own limits the conversion to UTC
+# and the bucket arithmetic overflow (a 500 before).
+EARLIEST = datetime(1970, 1, 1, tzinfo=timezone.utc)
+LATEST = datetime(9000, 1, 1, tzinfo=timezone.utc)
 
 
 def _parse_time(name: str, raw: str | None) -> datetime:
@@ -22,9 +26,14 @@ def _parse_time(name: str, raw: str | None) -> datetime:
         if len(raw) == 10:
             return datetime.combine(date.fromisoformat(raw), time(0), tzinfo=timezone.utc)
         parsed = datetime.fromisoformat(raw.replace("Z", "+00:00"))
-    except ValueError as exc:
+        parsed = (parsed if parsed.tzinfo else parsed.replace(tzinfo=timezone.utc)
+                  ).astimezone(timezone.utc)
+    except (ValueError, OverflowError) as exc:
         raise InvalidRequest(f"'{name}' is not an ISO 8601 date or time.", param=name) from exc
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=timezone.utc)
+    if not EARLIEST <= parsed < LATEST:
+        raise InvalidRequest(f"'{name}' must fall between {EARLIEST.year} and {LATEST.year}.",
+                             param=name)
+    return parsed
 
 
 @api_endpoint("GET")
