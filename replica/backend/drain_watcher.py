@@ -9,15 +9,16 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 from typing import Callable
+
+from replica.backend.file_watch import FileWatch
 
 
 def drained_marker(drain_file: str) -> str:
     return f"{drain_file}.drained"
 
 
-class DrainWatcher:
+class DrainWatcher(FileWatch):
     def __init__(
         self,
         path: str,
@@ -28,28 +29,14 @@ class DrainWatcher:
         poll_interval_s: float = 0.1,
         logger: logging.Logger | None = None,
     ) -> None:
-        self._path = path
+        super().__init__(path, "drain-watcher", poll_interval_s)
         self._on_drain = on_drain
         self._wait_drained = wait_drained  # (timeout_s) -> True once nothing is open
         self._default_grace_s = default_grace_s
-        self._poll_interval_s = poll_interval_s
         self._log = logger or logging.getLogger(__name__)
-        self._stopped = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="drain-watcher", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stopped.set()
-        if self._thread.is_alive() and threading.current_thread() is not self._thread:
-            self._thread.join(1.0)
 
     def _run(self) -> None:
-        while not self._stopped.wait(self._poll_interval_s):
-            if os.path.exists(self._path):
-                break
-        else:
+        if not self._appeared():
             return
         grace_s = self._read_grace_s()
         self._on_drain(grace_s)
