@@ -36,6 +36,8 @@ import numpy as np
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import deserialize_bytes_tensor, serialize_byte_tensor, triton_to_np_dtype
 
+from replica.metric_names import RUNNING_SEQS, WAITING_SEQS
+
 OUTPUTS = (
     ("text_output", "BYTES"),
     ("finish_reason", "BYTES"),
@@ -221,9 +223,9 @@ async def _serve_metrics(state: FakeState, reader, writer) -> None:
     except (asyncio.IncompleteReadError, ConnectionError):  # a port probe, not a request
         writer.close()
         return
-    body = (f"# TYPE replica_running_seqs gauge\n"
-            f"replica_running_seqs{{model=\"chat-small\",version=\"1\"}} {state.num_running}\n"
-            f"replica_waiting_seqs{{model=\"chat-small\",version=\"1\"}} 0\n").encode()
+    body = (f"# TYPE {RUNNING_SEQS} gauge\n"
+            f"{RUNNING_SEQS}{{model=\"chat-small\",version=\"1\"}} {state.num_running}\n"
+            f"{WAITING_SEQS}{{model=\"chat-small\",version=\"1\"}} 0\n").encode()
     writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: "
                  + str(len(body)).encode() + b"\r\nConnection: close\r\n\r\n" + body)
     await writer.drain()
@@ -270,10 +272,10 @@ def parse_gauge(metrics_text: str, name: str) -> int:
 
 def parse_active_seqs(metrics_text: str) -> int:
     """Running + waiting sequences, as the real replica reports them on its metrics port."""
-    running = parse_gauge(metrics_text, "replica_running_seqs")
-    waiting = parse_gauge(metrics_text, "replica_waiting_seqs")
+    running = parse_gauge(metrics_text, RUNNING_SEQS)
+    waiting = parse_gauge(metrics_text, WAITING_SEQS)
     if running < 0 or waiting < 0:
-        raise ValueError("no replica_running_seqs / replica_waiting_seqs gauges in:\n" + metrics_text)
+        raise ValueError(f"no {RUNNING_SEQS} / {WAITING_SEQS} gauges in:\n" + metrics_text)
     return running + waiting
 
 
