@@ -28,7 +28,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -293,26 +292,14 @@ class Stack:
 
 
 async def warm_up(grpc_address: str, token: str) -> dict:
-    """The node agent's warm-up (fleet/node_agent.py `_warm_up`: one 2-token
-    generation of "Hello" through the platform's Triton client); returns the tokens the replica
-    computed for it, from its final chunk."""
-    from inference.replica_client import ReplicaRequest
-    from inference.triton_client import TritonReplicaClient
+    """The node agent's warm-up (`inference.triton_client.warm_up`: one 2-token generation of
+    "Hello" through the platform's Triton client); returns the tokens the replica computed for
+    it, from its final chunk."""
+    from inference.triton_client import warm_up as warm_up_replica
 
-    client = TritonReplicaClient(first_token_timeout=120.0, token_timeout=60.0,
-                                 access_token=token)
-    try:
-        request = ReplicaRequest(request_id=f"warmup-{os.getpid()}-{time.monotonic_ns()}",
-                                 model_name=MODEL, prompt_text="Hello", prompt_token_ids=None,
-                                 max_tokens=2, temperature=0.0, top_p=1.0, seed=0, stop=(),
-                                 priority=0, tenant="warmup")
-        async for chunk in client.stream(grpc_address, request):
-            if chunk.final:
-                return {"prompt_tokens": chunk.num_input_tokens - chunk.num_cached_tokens,
-                        "generated_tokens": chunk.num_output_tokens}
-        raise StackError("warm-up stream ended without a final response")
-    finally:
-        await client.close()
+    chunk = await warm_up_replica(grpc_address, MODEL, token)
+    return {"prompt_tokens": chunk.num_input_tokens - chunk.num_cached_tokens,
+            "generated_tokens": chunk.num_output_tokens}
 
 
 def _quietly(fn, *args) -> None:

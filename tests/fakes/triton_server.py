@@ -184,7 +184,7 @@ class FakeTriton(service_pb2_grpc.GRPCInferenceServiceServicer):
         self.state.tasks[request.id] = asyncio.current_task()
         try:
             if "[slow-prefill]" in text:
-                await asyncio.sleep(5.0)
+                await asyncio.sleep(5.0)  # the fake's behaviour: a long prefill
             for index in range(limit):
                 if "[die-after-2]" in text and index == 2:
                     await queue.put(error_response("engine died mid-stream (fake)"))
@@ -195,7 +195,7 @@ class FakeTriton(service_pb2_grpc.GRPCInferenceServiceServicer):
                     entry["finish_reason"] = finish
                 await queue.put(encode_response(request, f" t{index}", finish if last else "",
                                                 num_in, index + 1, last))
-                await asyncio.sleep(delay)
+                await asyncio.sleep(delay)  # the fake's behaviour: `[slow]` pacing
         finally:
             self.state.num_running -= 1
             entry["state"] = "finished"
@@ -209,10 +209,12 @@ class FakeTriton(service_pb2_grpc.GRPCInferenceServiceServicer):
                     task.cancel()
         unknown = {"state": "unknown", "input_tokens": 0, "cached_tokens": 0,
                    "output_tokens": 0, "finish_reason": "", "error": ""}
-        deadline = asyncio.get_running_loop().time() + float(command.get("wait_s", 0.0))
-        while (any(self.state.usage.get(i, unknown)["state"] == "running" for i in ids)
-               and asyncio.get_running_loop().time() < deadline):
-            await asyncio.sleep(0.01)
+        # Up to wait_s for the running ones to end: each generation is its own task (it marks
+        # its ledger entry finished as it ends).
+        running = [task for task in (self.state.tasks.get(i) for i in ids) if task is not None]
+        wait_s = float(command.get("wait_s", 0.0))
+        if running and wait_s > 0:
+            await asyncio.wait(running, timeout=wait_s)
         return control_response(request, {"usage": {i: dict(self.state.usage.get(i, unknown))
                                                      for i in ids}})
 

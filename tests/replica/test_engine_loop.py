@@ -184,7 +184,7 @@ def test_idle_loop_sleeps_instead_of_spinning(loop, engine):
     loop.submit("a", [1], greedy(2), on_output=got("a"))
     got.wait("a")
     steps = engine.num_steps
-    time.sleep(0.1)
+    time.sleep(0.1)  # an observation window: nothing may happen in it (no event to wait for)
     assert engine.num_steps == steps
 
 
