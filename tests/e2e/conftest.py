@@ -116,6 +116,16 @@ def _start_smollm2() -> tuple:
     return proc, server
 
 
+@pytest.fixture(scope="module")
+def fake_triton():
+    """The fake replica alone, for tests of the platform rather than the engine."""
+    proc, server = _start_fake()
+    try:
+        yield server
+    finally:
+        proc.stop()
+
+
 @pytest.fixture(scope="session", params=["fake", "smollm2"])
 def replica_server(request):
     proc, server = _start_fake() if request.param == "fake" else _start_smollm2()
