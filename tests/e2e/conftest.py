@@ -14,7 +14,6 @@ from django.conf import settings
 from django.db import connection
 
 from models_registry.services import ensure_model_version, register_replica
-from scripts.serve import listen_endpoint
 from tenants.services import create_api_key, create_tenant
 from tests.fakes.triton_server import parse_active_seqs
 from tests.support.processes import (
@@ -75,7 +74,7 @@ def platform_env(**overrides: str) -> dict[str, str]:
 def daphne_server(name: str, env: dict[str, str]) -> Iterator[tuple[str, Proc]]:
     """daphne serving the real ASGI app with `env`: (base URL, process), stopped on exit."""
     port = free_port()
-    proc = start(name, ["-m", "daphne", "-e", listen_endpoint("127.0.0.1", port),
+    proc = start(name, ["-m", "daphne", "-e", f"tcp:port={port}:interface=127.0.0.1:backlog=1024",
                         "llm_platform.asgi:application"], env, LOG_DIR)
     url = f"http://127.0.0.1:{port}"
     try:
