@@ -68,7 +68,7 @@ def _recovers(url: str, auth: dict) -> None:
         if response.status_code == 200 or time.monotonic() > end:
             break
         assert response.status_code == 503, response.text
-        time.sleep(0.5)
+        time.sleep(0.5)  # the client's retry
     assert response.status_code == 200, response.text
 
 

@@ -54,7 +54,7 @@ class ScriptedEngine:
         if self.fail_on_step is not None and self.num_steps >= self.fail_on_step:
             raise RuntimeError("kaboom")
         if self.step_sleep_s:
-            time.sleep(self.step_sleep_s)
+            time.sleep(self.step_sleep_s)  # the scripted engine's step time
         outputs = []
         for request_id, state in list(self.requests.items()):
             state[2] += 1
