@@ -58,6 +58,13 @@ class ModelVersion(models.Model):
     quantization = models.CharField(max_length=32, blank=True, default="")
     hardware = models.JSONField(default=dict, blank=True)  # e.g. {"accelerator": "cpu", "memory_gib": 1}
     context_length = models.PositiveIntegerField(default=2048)
+    # What one replica needs: its devices (GPUs on a GPU node; engine processes on a CPU node)
+    # and the device memory of its weights and of the KV cache it asks for (0 = not declared;
+    # the KV cache size is passed to the engine as --kv-cache-bytes). Placement on GPU nodes
+    # puts a replica on `tensor_parallel_degree` free GPUs of one node, each holding its share.
+    tensor_parallel_degree = models.PositiveSmallIntegerField(default=1)
+    weights_memory_mib = models.PositiveIntegerField(default=0)
+    kv_cache_mib = models.PositiveIntegerField(default=0)
     state = models.CharField(max_length=16, choices=State.choices, default=State.ACTIVE)
     created_at = models.DateTimeField(auto_now_add=True)
 
@@ -70,6 +77,12 @@ class ModelVersion(models.Model):
     def __str__(self) -> str:
         return f"{self.model.name} v{self.version}"
 
+    @property
+    def device_memory_mib(self) -> int:
+        """Device memory one replica needs on each of its GPUs (weights + KV cache, sharded)."""
+        degree = max(1, self.tensor_parallel_degree)
+        return -(-(self.weights_memory_mib + self.kv_cache_mib) // degree)
+
 
 class Node(models.Model):
     name = models.CharField(max_length=100, unique=True)
@@ -81,6 +94,8 @@ class Node(models.Model):
     # Capacity the node agent announced (CPU slots stand for GPUs here); 0 = not an agent's node.
     cpu_slots = models.PositiveIntegerField(default=0)
     memory_mib = models.PositiveIntegerField(default=0)
+    # GPUs the agent discovered (fleet/gpus.py): [{"index", "uuid", "name", "memory_mib"}].
+    gpus = models.JSONField(default=list, blank=True)
     # Set when heartbeats stopped and the node was presumed lost; cleared when it registers again.
     lost_at = models.DateTimeField(null=True, blank=True)
 
@@ -119,6 +134,9 @@ class Replica(models.Model):
     managed = models.BooleanField(default=False)
     cpu_slots = models.PositiveIntegerField(default=0)  # capacity reserved on its node
     memory_mib = models.PositiveIntegerField(default=0)
+    # The node's GPUs it holds (their indexes; CUDA_VISIBLE_DEVICES) and its memory on each.
+    gpu_indices = models.JSONField(default=list, blank=True)
+    gpu_memory_mib = models.PositiveIntegerField(default=0)
     load_seconds = models.FloatField(null=True, blank=True)  # start -> ready, measured by the agent
     server_pid = models.IntegerField(null=True, blank=True)  # tritonserver's pid on its node
 
