@@ -44,6 +44,7 @@ from fleet.gpus import Gpu, discover as discover_gpus
 from fleet.lifecycle import transition
 from models_registry.models import Replica
 from fleet.nodes import heartbeat, register_node
+from replica.weights_cache import fetch as fetch_weights, is_remote
 from replica.access import LOOPBACK, TOKEN_ENV, is_loopback
 
 # Platform secrets a replica has no use for: its model code handles untrusted prompts.
@@ -288,9 +289,12 @@ class NodeAgent:
 
         version = replica.model_version
         try:
-            weights = str(resolve_weights(version.weights_uri))
+            if is_remote(version.weights_uri):  # once per node, verified (replica/weights_cache.py)
+                weights = str(fetch_weights(version.weights_uri, version.weights_sha256))
+            else:
+                weights = str(resolve_weights(version.weights_uri))
         except (OSError, ValueError) as exc:
-            transition(replica_id, Replica.State.FAILED, f"weights not found: {exc}", self._now())
+            transition(replica_id, Replica.State.FAILED, f"weights unavailable: {exc}"[:300], self._now())
             return False
         try:
             with self._lock:

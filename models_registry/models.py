@@ -47,11 +47,14 @@ class ModelVersion(models.Model):
     class TokenizerKind(models.TextChoices):
         WEIGHTS = "weights"  # the tokenizer stored with the weights (GGUF / HF directory)
         BYTES = "bytes"  # UTF-8 bytes + ChatML: for tests and fake replicas only
+        STORED = "stored"  # stored in the registry (StoredTokenizer): web hosts lack the weights
 
     model = models.ForeignKey(Model, on_delete=models.CASCADE, related_name="versions")
     version = models.PositiveIntegerField()
     # A path, or `package:<python package>/<file>` for weights shipped inside a package.
     weights_uri = models.CharField(max_length=500)
+    # Required for https:// weights: node agents download them once and check this hash.
+    weights_sha256 = models.CharField(max_length=64, blank=True, default="")
     tokenizer = models.CharField(
         max_length=16, choices=TokenizerKind.choices, default=TokenizerKind.WEIGHTS
     )
@@ -82,6 +85,19 @@ class ModelVersion(models.Model):
         """Device memory one replica needs on each of its GPUs (weights + KV cache, sharded)."""
         degree = max(1, self.tensor_parallel_degree)
         return -(-(self.weights_memory_mib + self.kv_cache_mib) // degree)
+
+
+class StoredTokenizer(models.Model):
+    """A version's tokenizer as a bundle (replica/tokenizer_bundle.py), read from its weights
+    once at registration: web hosts tokenize prompts with it and never need the weights."""
+
+    model_version = models.OneToOneField(ModelVersion, on_delete=models.CASCADE,
+                                         related_name="stored_tokenizer")
+    bundle = models.TextField()
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return f"tokenizer of {self.model_version}"
 
 
 class Node(models.Model):
