@@ -68,9 +68,6 @@ class HttpsFiles:
                 files.requests.append(self.path)
                 super().do_GET()
 
-            def log_message(self, *args):
-                pass
-
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), partial(Handler, directory=str(root)))
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.load_cert_chain(cert, key)
