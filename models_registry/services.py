@@ -10,7 +10,7 @@ from replica.weights_cache import check_remote, fetch, is_remote
 
 def ensure_model_version(
     model_name: str,
-    version: int,
+    version_number: int,
     weights_uri: str,
     *,
     tokenizer: str = ModelVersion.TokenizerKind.WEIGHTS,
@@ -30,7 +30,7 @@ def ensure_model_version(
         model, _ = Model.objects.get_or_create(name=model_name, defaults={"is_public": is_public})
         model_version, _ = ModelVersion.objects.update_or_create(
             model=model,
-            version=version,
+            version_number=version_number,
             defaults={
                 "weights_uri": weights_uri,
                 "weights_sha256": weights_sha256,

@@ -9,7 +9,7 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         parser.add_argument("name")
-        parser.add_argument("--model-version", dest="version", type=int, default=1)
+        parser.add_argument("--model-version", dest="version_number", type=int, default=1)
         parser.add_argument("--weights", required=True,
                             help="a path, package:<package>/<file> for packaged weights, or "
                                  "https://... (a GGUF file; give --sha256)")
@@ -31,7 +31,7 @@ class Command(BaseCommand):
     def _register(self, opts):
         version = ensure_model_version(
             opts["name"],
-            opts["version"],
+            opts["version_number"],
             opts["weights"],
             tokenizer=opts["tokenizer"],
             context_length=opts["context_length"],
