@@ -7,7 +7,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('models_registry', '0005_move_fleet_and_rollout_tables'),
+        ('models_registry', '0006_rename_version_number'),
     ]
 
     operations = [
