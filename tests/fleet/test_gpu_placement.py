@@ -1,12 +1,14 @@
 """GPU nodes: discovery parsing (recorded nvidia-smi output), placement on free GPUs of one node
 (pure logic), the agent's launch of a GPU replica, replica port ranges, and placement on the
 real PostgreSQL counting GPU slots and memory."""
+import socket
 from datetime import datetime, timezone
 
 import pytest
 
 from fleet.gpus import Gpu, parse_nvidia_smi, visible
 from fleet.node_agent import AgentConfig, parse_port_range, pick_ports, replica_launch
+from replica.launch import parse_args
 from fleet.placement import NodeRoom, ReplicaNeed, choose_node, fit, place_replicas
 from models_registry.models import Replica
 from fleet.nodes import register_node
@@ -93,6 +95,11 @@ def test_the_agent_launches_a_gpu_replica_on_its_gpus_with_its_kv_cache():
     assert command[command.index("--tensor-parallel-degree") + 1] == "2"
     command, env = replica_launch(gpu_indices=[], kv_cache_mib=0, tensor_parallel_degree=1)
     assert command == [] and env == {}  # a CPU replica: the launcher's own defaults
+    # replica.launch takes what a single-device GPU replica is given.
+    command, _ = replica_launch(gpu_indices=[0], kv_cache_mib=256, tensor_parallel_degree=1)
+    args = parse_args(["--model", "m", "--grpc-port", "1", "--http-port", "2",
+                       "--metrics-port", "3", *command])
+    assert (args.device, args.kv_cache_bytes) == ("cuda", 256 * 2**20)
 
 
 def test_replica_ports_come_from_the_configured_range():
@@ -100,11 +107,19 @@ def test_replica_ports_come_from_the_configured_range():
     for bad in ("20000", "20099-20000", "a-b", "0-10", "1-70000"):
         with pytest.raises(ValueError):
             parse_port_range(bad)
-    ports = pick_ports(3, "127.0.0.1", (47000, 47010), taken={47000, 47001}, start=47000)
-    assert ports == [47002, 47003, 47004]
-    assert pick_ports(2, "127.0.0.1", (47000, 47010), taken=set(), start=47009) == [47009, 47010]
-    with pytest.raises(OSError, match="REPLICA_PORT_RANGE"):
-        pick_ports(3, "127.0.0.1", (47000, 47001), taken=set())
+    with socket.socket() as held:  # a port in use on this host is never handed out
+        held.bind(("127.0.0.1", 0))
+        busy = held.getsockname()[1]
+        low, high = max(1024, busy - 6), min(65535, busy + 6)
+        taken = {low, low + 1}  # the agent's other replicas
+        ports = pick_ports(3, "127.0.0.1", (low, high), taken, start=low)
+        assert len(set(ports)) == 3 and all(low <= p <= high for p in ports)
+        assert not (set(ports) & (taken | {busy})) and ports == sorted(ports)  # from `start` up
+        # From `start`, wrapping around: the only two ports left are the top and the bottom.
+        rest = set(range(low + 1, high))
+        assert pick_ports(2, "127.0.0.1", (low, high), rest, start=high) == [high, low]
+        with pytest.raises(OSError, match="REPLICA_PORT_RANGE"):
+            pick_ports(1, "127.0.0.1", (busy, busy), set())
 
 
 def test_off_loopback_the_node_address_is_required():
