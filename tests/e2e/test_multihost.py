@@ -7,6 +7,10 @@
 - node-a (zone-a) and node-b (zone-b): one node agent each, whose replicas bind the node's
   address and take ports from REPLICA_PORT_RANGE.
 
+The weights are served over https from the control host (a private CA): registration stores
+the tokenizer in the registry, so the web host never has the weights, and each node downloads
+them once into its own cache (no host reads another's files).
+
 Requests sent to the web host stream from replicas on both nodes. Then node-a's link is cut
 (`ip link set ... down`: packets vanish, nothing is reset): its node is presumed lost, its
 replica failed and re-placed on node-b, and no request that had not started streaming is lost.
@@ -14,6 +18,7 @@ The re-placement time (cut -> replacement ready) is written to var/test-logs/mul
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import threading
@@ -26,11 +31,14 @@ from django.db import connection
 
 from fleet.models import ReplicaTransition
 from models_registry.models import Node, Replica, ScalingPolicy
-from models_registry.services import ensure_model_version
+from models_registry.services import ensure_model_version, store_remote_tokenizer
 from tenants.services import create_api_key, create_tenant
 from tests.e2e.conftest import LOG_DIR, SMOLLM2_WEIGHTS, platform_env
 from tests.support.billing import priced
+from inference.tokenization import resolve_weights
+from replica.weights_cache import cached_path
 from tests.support.fleet import Control, Load, kill_replica_servers
+from tests.support.https_files import HttpsFiles
 from tests.support.netns import Network, netns_unavailable
 from tests.support.processes import wait_until
 
@@ -65,16 +73,37 @@ def network():
         net.down()
 
 
-def test_requests_stream_from_two_hosts_and_a_cut_node_is_replaced(transactional_db, network):
+@pytest.fixture
+def weights_server(network, tmp_path):
+    """The SmolLM2 GGUF over https on the control host's address: (URL, SHA-256, CA file)."""
+    root, certs = tmp_path / "www", tmp_path / "certs"
+    root.mkdir()
+    certs.mkdir()
+    gguf = resolve_weights(SMOLLM2_WEIGHTS)
+    (root / gguf.name).symlink_to(gguf)
+    sha = hashlib.sha256(gguf.read_bytes()).hexdigest()
+    with HttpsFiles(root, certs, host=network.control_address) as files:
+        yield f"{files.base_url}/{gguf.name}", sha, str(files.ca_file), files
+
+
+def test_requests_stream_from_two_hosts_and_a_cut_node_is_replaced(transactional_db, network,
+                                                                    weights_server, tmp_path,
+                                                                    monkeypatch):
     run = settings.REDIS_KEY_PREFIX.strip(":").split("-")[-1]
     control_host = network.control_address
+    weights_url, sha, ca_file, files = weights_server
     db = connection.settings_dict
     forward = network.start(None, "mh-forward", [
         "-m", "tests.support.tcp_forward",
         f"{control_host}:{db['PORT'] or 5432}={db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}",
         f"{control_host}:6379=127.0.0.1:6379"], {}, LOG_DIR)
     procs = [forward]
-    version = priced(ensure_model_version("chat-small", 1, SMOLLM2_WEIGHTS, context_length=8192))
+    version = priced(ensure_model_version("chat-small", 1, weights_url, weights_sha256=sha,
+                                          context_length=8192))
+    monkeypatch.setenv("WEIGHTS_CA_FILE", ca_file)  # registration, on the control host
+    monkeypatch.setenv("WEIGHTS_CACHE_DIR", str(tmp_path / "cache-control"))
+    store_remote_tokenizer(version)
+    assert version.tokenizer == "stored"
     ScalingPolicy.objects.create(model_version=version, min_replicas=2, max_replicas=2,
                                  predictive=False, replica_cpu_slots=1, replica_memory_mib=1024)
     api_key = create_api_key(create_tenant("multihost", "interactive")).raw_key
@@ -100,7 +129,9 @@ def test_requests_stream_from_two_hosts_and_a_cut_node_is_replaced(transactional
             procs.append(network.start(host, f"mh-agent-{host}", [
                 "manage.py", "nodeagent", "--name", name, "--zone", zone,
                 "--address", network.addresses[host], "--cpu-slots", "2", "--memory-mib", "4096",
-                "--heartbeat-s", "1", "--drain-grace-s", "10"], env, LOG_DIR))
+                "--heartbeat-s", "1", "--drain-grace-s", "10"],
+                {**env, "WEIGHTS_CA_FILE": ca_file, "WEIGHTS_CACHE_DIR": str(tmp_path / f"cache-{host}")},
+                LOG_DIR))
         wait_until(lambda: httpx.get(f"http://{web}:{WEB_PORT}/healthz", timeout=2).status_code == 200,
                    procs[1], 60, "web healthz")
         agents = procs[2:]
@@ -112,6 +143,8 @@ def test_requests_stream_from_two_hosts_and_a_cut_node_is_replaced(transactional
         ready = lambda: Replica.objects.filter(model_version=version, state="ready")  # noqa: E731
         control.until(lambda: ready().count() == 2, 600, "two ready replicas", agents)
         assert sorted(ready().values_list("zone", flat=True)) == ["zone-a", "zone-b"]
+        for host in nodes:  # each node fetched the weights itself, over https
+            assert cached_path(weights_url, sha, tmp_path / f"cache-{host}").is_file()
         low, high = (int(p) for p in PORT_RANGE.split("-"))
         for replica in ready():
             host, port = replica.grpc_address.rsplit(":", 1)
@@ -144,6 +177,10 @@ def test_requests_stream_from_two_hosts_and_a_cut_node_is_replaced(transactional
 
         assert "lost" in ReplicaTransition.objects.filter(replica=lost).last().reason
         assert Node.objects.get(pk=lost.node_id).lost_at is not None
+        # The weights crossed the network once per host: registration (control), node-a,
+        # node-b; the replacement on node-b started from node-b's cache.
+        assert sorted(client for client, _ in files.requests) == sorted(
+            [control_host, network.addresses["node-a"], network.addresses["node-b"]])
         replacement = ready().exclude(pk=lost.pk).order_by("-pk").first()
         assert replacement.node.name == nodes["node-b"][1]
         assert replacement.grpc_address.startswith(network.addresses["node-b"] + ":")

@@ -1,6 +1,7 @@
 """A real HTTPS file server for tests: a private CA made with `cryptography`, a server
-certificate for 127.0.0.1 signed by it, and python's http.server over TLS serving one directory
-from a thread. `ca_file` is what a client must trust; `requests` counts the GETs served."""
+certificate for one IP address (127.0.0.1 by default) signed by it, and python's http.server over TLS serving one directory
+from a thread. `ca_file` is what a client must trust; `requests` lists the GETs served as (client address,
+path)."""
 from __future__ import annotations
 
 import datetime as dt
@@ -26,8 +27,9 @@ def _pem_key(key) -> bytes:
                              serialization.NoEncryption())
 
 
-def make_certificates(directory: Path) -> tuple[Path, Path, Path]:
-    """(CA certificate, server certificate, server key) as PEM files in `directory`."""
+def make_certificates(directory: Path, host: str = "127.0.0.1") -> tuple[Path, Path, Path]:
+    """(CA certificate, server certificate for the IP address `host`, server key) as PEM files
+    in `directory`."""
     now = dt.datetime.now(dt.timezone.utc)
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca = (x509.CertificateBuilder().subject_name(_name("test weights CA")).issuer_name(_name("test weights CA"))
@@ -41,10 +43,10 @@ def make_certificates(directory: Path) -> tuple[Path, Path, Path]:
           .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
           .sign(ca_key, hashes.SHA256()))
     key = ec.generate_private_key(ec.SECP256R1())
-    cert = (x509.CertificateBuilder().subject_name(_name("127.0.0.1")).issuer_name(ca.subject)
+    cert = (x509.CertificateBuilder().subject_name(_name(host)).issuer_name(ca.subject)
             .public_key(key.public_key()).serial_number(x509.random_serial_number())
             .not_valid_before(now - dt.timedelta(minutes=5)).not_valid_after(now + dt.timedelta(days=1))
-            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address(host))]),
                            critical=False)
             .add_extension(x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
             .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()),
@@ -58,21 +60,21 @@ def make_certificates(directory: Path) -> tuple[Path, Path, Path]:
 
 
 class HttpsFiles:
-    def __init__(self, root: Path, cert_dir: Path):
-        self.ca_file, cert, key = make_certificates(cert_dir)
-        self.requests: list[str] = []
+    def __init__(self, root: Path, cert_dir: Path, host: str = "127.0.0.1"):
+        self.ca_file, cert, key = make_certificates(cert_dir, host)
+        self.requests: list[tuple[str, str]] = []
         files = self
 
         class Handler(SimpleHTTPRequestHandler):
             def do_GET(self):  # noqa: N802 - http.server's name
-                files.requests.append(self.path)
+                files.requests.append((self.client_address[0], self.path))
                 super().do_GET()
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), partial(Handler, directory=str(root)))
+        self._server = ThreadingHTTPServer((host, 0), partial(Handler, directory=str(root)))
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.load_cert_chain(cert, key)
         self._server.socket = context.wrap_socket(self._server.socket, server_side=True)
-        self.base_url = f"https://127.0.0.1:{self._server.server_address[1]}"
+        self.base_url = f"https://{host}:{self._server.server_address[1]}"
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
 
     def __enter__(self) -> "HttpsFiles":
