@@ -1,6 +1,7 @@
 """Weights over https (replica/weights_cache.py) from a real local HTTPS server with a private
 CA: downloaded once per host into the cache, verified, renamed into place; a wrong hash, an
-untrusted server or plain http fail clearly and leave nothing in the cache. Registration stores
+untrusted server or plain http fail clearly and leave nothing in the cache (a node agent fails
+the replica with the reason). Registration stores
 the tokenizer in the registry, and the web side's `stored` loader tokenizes with it alone."""
 import hashlib
 import shutil
@@ -8,6 +9,13 @@ import threading
 
 import pytest
 from django.core.management import CommandError, call_command
+from django.utils import timezone
+
+from fleet.node_agent import AgentConfig, NodeAgent
+from fleet.nodes import register_node
+from fleet.placement import place_replicas
+from tests.fakes.dispatcher import RecordingDispatcher
+from tests.support.billing import priced
 
 from inference.tokenization import TokenizerCache, load_weights_tokenizer, resolve_weights
 from models_registry.models import ModelVersion, StoredTokenizer
@@ -110,3 +118,23 @@ def test_registering_https_weights_stores_the_tokenizer_web_hosts_use(tmp_path, 
     stored = TokenizerCache().get(version.tokenizer, version.weights_uri)
     messages = [{"role": "user", "content": "Hello wörld 🙂 <|im_end|>"}]
     assert stored.encode_chat(messages) == load_weights_tokenizer(SMOLLM2_WEIGHTS).encode_chat(messages)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_node_agent_fails_a_replica_whose_weights_do_not_match(served, tmp_path, monkeypatch):
+    files, _ = served
+    monkeypatch.setenv("WEIGHTS_CA_FILE", str(files.ca_file))
+    monkeypatch.setenv("WEIGHTS_CACHE_DIR", str(tmp_path / "node-cache"))
+    version = priced(ensure_model_version("remote", 1, f"{files.base_url}/model.gguf",
+                                          weights_sha256="f" * 64))
+    register_node("n1", zone="z", address="127.0.0.1", cpu_slots=1, memory_mib=2048,
+                  accelerator="cpu", now=timezone.now())
+    replica, = place_replicas(version, 1, now=timezone.now(), reason="test",
+                              dispatcher=RecordingDispatcher(), lost_after_s=15)
+    agent = NodeAgent(AgentConfig(name="n1", log_dir=tmp_path / "logs"), now=timezone.now)
+    assert agent.start_replica(replica.pk) is False  # nothing launched
+    replica.refresh_from_db()
+    assert replica.state == "failed"
+    assert replica.transitions.last().reason.startswith(f"weights unavailable: {files.base_url}"
+                                                        f"/model.gguf: SHA-256 is {SHA}")
+    assert agent.replica_ids() == []
