@@ -66,11 +66,11 @@ def network():
     reason = netns_unavailable()
     if reason:
         pytest.skip(f"multi-host test skipped: {reason}")
-    net = Network(["web", "node-a", "node-b"]).up()
+    net = Network(["web", "node-a", "node-b"])
     try:
-        yield net
+        yield net.up()
     finally:
-        net.down()
+        net.down()  # also what a failed `up` made
 
 
 @pytest.fixture
