@@ -94,6 +94,14 @@ class Tokenizer:
     def vocab_size(self) -> int:
         return self._backend.get_vocab_size(with_added_tokens=True)
 
+    @property
+    def chat_template(self) -> str | None:
+        return self._chat_template.source if self._chat_template else None
+
+    @property
+    def backend(self) -> BackendTokenizer:
+        return self._backend
+
     # -- text <-> ids ------------------------------------------------------------------------
 
     def encode(self, text: str) -> list[int]:
