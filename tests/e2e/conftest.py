@@ -13,6 +13,7 @@ import pytest
 from django.conf import settings
 from django.db import connection
 
+from models_registry.models import ModelVersion
 from models_registry.services import ensure_model_version, register_replica
 from tenants.services import create_api_key, create_tenant
 from tests.fakes.triton_server import parse_active_seqs
@@ -134,6 +135,15 @@ def replica_server(request):
         proc.stop()
 
 
+def register_chat_small(server: ReplicaServer) -> ModelVersion:
+    """Model `chat-small` v1 with `server`'s weights, tokenizer and context, and `server` as its
+    one ready replica."""
+    version = ensure_model_version("chat-small", 1, server.weights_uri, tokenizer=server.tokenizer,
+                                   context_length=server.context_length)
+    register_replica(version, server.grpc_address, metrics_address=server.metrics_address)
+    return version
+
+
 @dataclass
 class Fleet:
     base_url: str
@@ -148,9 +158,5 @@ class Fleet:
 @pytest.fixture
 def fleet(transactional_db, live_server_url, replica_server) -> Fleet:
     tenant = create_tenant("demo", "interactive")
-    version = ensure_model_version("chat-small", 1, replica_server.weights_uri,
-                                   tokenizer=replica_server.tokenizer,
-                                   context_length=replica_server.context_length)
-    register_replica(version, replica_server.grpc_address,
-                     metrics_address=replica_server.metrics_address)
+    register_chat_small(replica_server)
     return Fleet(live_server_url, create_api_key(tenant).raw_key, replica_server)
