@@ -96,7 +96,7 @@ async def timed_round(make, num: int) -> tuple[float, list[Sample]]:
 
 
 async def run(args, replica: str) -> dict:
-    fleet = start_fleet(replica)
+    fleet = start_fleet(replica, database=args.database)
     try:
         tokenizer = load_weights_tokenizer(SMOLLM2)
         prompts = [(tokenizer.apply_chat_template(messages(i)), tuple(tokenizer.encode_chat(messages(i))))
@@ -162,6 +162,8 @@ def main() -> None:
     parser.add_argument("--short-concurrency", type=int, default=16)
     parser.add_argument("--replica", choices=["both", "smollm2", "fake"], default="both",
                         help="both (default): the real replica, then the zero-cost fake")
+    parser.add_argument("--database", default="llm_platform_bench",
+                        help="the benchmark's own PostgreSQL database (one per concurrent run)")
     parser.add_argument("--smoke", action="store_true",
                         help="a tiny run (seconds) that only proves the benchmark still works")
     args = parser.parse_args()
