@@ -17,6 +17,7 @@ from django.apps import apps
 from django.conf import settings
 
 from billing.events import UsageEvent
+from billing.leases import UsageLease
 from billing.outbox import FileOutbox
 from common import redis_keys
 
@@ -54,17 +55,27 @@ class UsageRecorder:
         self.retry_after_s = retry_after_s
         self._down_until = float("-inf")
 
-    async def record(self, event: UsageEvent) -> None:
+    async def record(self, event: UsageEvent, lease: UsageLease | None = None) -> None:
+        """`lease`: the request's usage lease, set in the same round trip just before the
+        event (a request's first, pending event); set on its own while Redis is marked down."""
         now = self.clock()
         event = event.stamped(now)
         if now >= self._down_until:
             try:
-                await self.client.xadd(self.keys.stream, {FIELD: event.to_json()})
+                if lease is None:
+                    await self.client.xadd(self.keys.stream, {FIELD: event.to_json()})
+                else:
+                    pipe = self.client.pipeline(transaction=False)
+                    lease.queue_set(pipe)
+                    pipe.xadd(self.keys.stream, {FIELD: event.to_json()})
+                    await pipe.execute()
                 return
             except (redis.RedisError, OSError) as exc:
                 self._down_until = self.clock() + self.retry_after_s
                 logger.warning("usage stream unavailable (%s); events go to the outbox for "
                                "%.1f s", exc, self.retry_after_s)
+        if lease is not None:
+            await lease.set()
         await asyncio.to_thread(self.outbox.append, [event])
 
     async def close(self) -> None:

@@ -252,11 +252,11 @@ async def generate(container: Container, prepared: Prepared) -> AsyncIterator[De
 async def _open_usage(prepared: Prepared, usage_lease: UsageLease) -> None:
     """The usage lease, then the pending usage event: from here on the request is billed even
     if this process dies (the reaper finalises it)."""
-    await usage_lease.hold()
-    try:
-        await record_usage(pending_event(prepared))
+    try:  # one round trip: the lease's SET, then the event
+        await record_usage(pending_event(prepared), lease=usage_lease)
     except Exception:  # noqa: BLE001 - the final event still bills it
         logger.exception("pending usage for %s was not recorded", prepared.request_id)
+    usage_lease.keep()
 
 
 async def _report(outcome) -> None:

@@ -153,6 +153,11 @@ class KeyAuthenticator:
         finally:
             self._pending.pop(digest, None)
 
+    @property
+    def live(self) -> bool:
+        """The in-process cache is in use (its invalidation subscription is up)."""
+        return self._live
+
     def forget(self, digest: str) -> None:
         self._local.forget(digest)
 
