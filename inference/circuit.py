@@ -66,17 +66,23 @@ class CircuitBreaker:
     def queue_states(self, pipe, replica_ids: Sequence[int]):
         """Queue the reads of `states` on `pipe` (one round trip with the router's other
         reads); returns the parser of the results: it takes an iterator over all of the
-        pipeline's results and consumes its own, in order."""
+        pipeline's results and consumes its own, in order. The parser's `clean` set (filled
+        when it runs) holds the replicas with no circuit state at all (no failure since the
+        last success): a success there has nothing to reset."""
         for rid in replica_ids:
-            pipe.hget(self.key(rid), "open_until")
+            pipe.hmget(self.key(rid), "open_until", "failures")
 
         def parse(rows: Iterator) -> dict[int, str]:
             now = self._now_ms()
             states = {}
             for rid in replica_ids:
-                until = int(next(rows) or 0)
+                open_until, failures = next(rows)
+                until = int(open_until or 0)
                 states[rid] = CLOSED if until == 0 else OPEN if now < until else HALF_OPEN
+                if open_until is None and failures is None:
+                    parse.clean.add(rid)
             return states
+        parse.clean = set()
         return parse
 
     async def try_half_open_trial(self, replica_id: int) -> bool:

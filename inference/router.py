@@ -199,6 +199,9 @@ class Lease:
     policy: str = ""
     block_hashes: tuple[int, ...] = ()
     is_half_open_trial: bool = False  # the half-open circuit's single trial request
+    # The replica's circuit had no state when it was chosen (no failure since the last
+    # success): its first token has nothing to reset (`Router.first_token` skips Redis).
+    circuit_clean: bool = False
     lease_id: str = field(default_factory=lambda: uuid.uuid4().hex)
 
     async def release_prompt(self) -> None:
@@ -320,7 +323,7 @@ class Router:
 
     async def snapshot(self, model_version_id: int, replicas: list[ReplicaInfo],
                        request: RouteRequest
-                       ) -> tuple[RouteRequest, list[Candidate], dict[int, str]]:
+                       ) -> tuple[RouteRequest, list[Candidate], dict[int, str], set[int]]:
         """Everything a decision reads, in one round trip: the round-robin sequence, the
         outstanding tokens, the replicas' signals, the prefix index and the circuits."""
         ids = [r.replica_id for r in replicas]
@@ -349,7 +352,8 @@ class Router:
                 kv_total_blocks=s.kv_total_blocks if s else None,
                 waiting_seqs=s.waiting_seqs if s else None))
         return RouteRequest(request.tenant_id, request.num_prompt_tokens, request.max_tokens,
-                            request.block_hashes, sequence), candidates, circuits
+                            request.block_hashes, sequence), candidates, circuits, \
+            parse_circuits.clean
 
     async def acquire(self, model_version_id: int, policy_name: str, request: RouteRequest,
                       exclude: frozenset[int] = frozenset()) -> Lease:
@@ -362,8 +366,8 @@ class Router:
         start = self._epoch
         self._deciding.append(start)
         try:
-            request, candidates, circuits = await self.snapshot(model_version_id, replicas,
-                                                                request)
+            request, candidates, circuits, clean = await self.snapshot(model_version_id,
+                                                                       replicas, request)
             for c in candidates:
                 rid = c.replica.replica_id
                 if circuits[rid] == HALF_OPEN and await self.state.circuit.try_half_open_trial(rid):
@@ -379,7 +383,8 @@ class Router:
         finally:
             self._deciding.remove(start)
             self._prune()
-        return await self._lease(model_version_id, policy_name, request, chosen)
+        return await self._lease(model_version_id, policy_name, request, chosen,
+                                 circuit_clean=chosen.replica.replica_id in clean)
 
     def _prune(self) -> None:
         oldest = min(self._deciding, default=self._epoch)
@@ -403,7 +408,8 @@ class Router:
         return out
 
     async def _lease(self, model_version_id: int, policy_name: str, request: RouteRequest,
-                     chosen: Candidate, is_half_open_trial: bool = False) -> Lease:
+                     chosen: Candidate, is_half_open_trial: bool = False,
+                     circuit_clean: bool = False) -> Lease:
         replica_id = chosen.replica.replica_id
         prompt = request.num_prompt_tokens - chosen.hit_tokens(request)
         lease = Lease(
@@ -415,6 +421,7 @@ class Router:
             policy=policy_name,
             block_hashes=request.block_hashes,
             is_half_open_trial=is_half_open_trial,
+            circuit_clean=circuit_clean,
         )
         inflight = _Inflight(model_version_id, replica_id, lease.held_tokens,
                              request.block_hashes)
@@ -441,6 +448,11 @@ class Router:
     # ---- outcomes (inference/generation.py reports them) ---------------------------------------
 
     async def first_token(self, lease: Lease) -> None:
+        """A success resets the replica's circuit; one that had no state when the request was
+        routed has nothing to reset (no round trip: a failure recorded since then by another
+        request is reset by the next success routed after it)."""
+        if lease.circuit_clean:
+            return
         await self.state.circuit.record_success(lease.replica.replica_id)
 
     async def failed(self, lease: Lease, *, before_first_token: bool, retrying: bool) -> None:
