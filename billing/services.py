@@ -28,6 +28,12 @@ async def record_usage(event: UsageEvent, lease: UsageLease | None = None) -> No
     await current_recorder().record(event, lease)
 
 
+def queue_pending_usage(pipe, event: UsageEvent, lease: UsageLease):
+    """A request's pending event and usage lease queued on another call's pipeline (one round
+    trip); returns the `finish(results)` to await (billing/stream.py `queue_pending`)."""
+    return current_recorder().queue_pending(pipe, event, lease)
+
+
 _COLUMNS = [  # (column, PostgreSQL array type, value)
     ("request_id", "varchar", lambda e: e.request_id),
     ("tenant_id", "bigint", lambda e: e.tenant_id),

@@ -78,6 +78,33 @@ class UsageRecorder:
             await lease.set()
         await asyncio.to_thread(self.outbox.append, [event])
 
+    def queue_pending(self, pipe, event: UsageEvent, lease: UsageLease):
+        """A request's first (pending) event and its usage lease queued on another call's
+        pipeline (the admission slot's: one round trip for the three). Returns `finish`, to
+        await with the results of what was queued (or with the exception that failed the
+        pipeline): on a failure the event goes to the outbox, as `record` would; either way
+        the lease is then kept alive."""
+        now = self.clock()
+        event = event.stamped(now)
+        queued = now >= self._down_until
+        if queued:
+            lease.queue_set(pipe)
+            pipe.xadd(self.keys.stream, {FIELD: event.to_json()})
+
+        async def finish(results: list) -> None:
+            failure = next((r for r in results if isinstance(r, BaseException)), None)
+            if queued and failure is None:
+                lease.keep()
+                return
+            if failure is not None:
+                self._down_until = self.clock() + self.retry_after_s
+                logger.warning("usage stream unavailable (%s); events go to the outbox for "
+                               "%.1f s", failure, self.retry_after_s)
+            await lease.set()
+            lease.keep()
+            await asyncio.to_thread(self.outbox.append, [event])
+        return finish
+
     async def close(self) -> None:
         await self.client.aclose()
 

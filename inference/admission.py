@@ -41,6 +41,9 @@ from dataclasses import dataclass
 from typing import Awaitable, Callable
 from common import redis_keys
 
+from redis.exceptions import NoScriptError
+
+from common.pipelines import queue_script
 from inference.admission_wakeups import WakeUps
 
 # Wait-time histogram bounds (ms); the last bucket is +Inf.
@@ -323,21 +326,25 @@ class AdmissionQueue:
 
     async def admit(self, model: str, model_version_id: int, waiter: Waiter, capacity: int,
                     headroom: int = 0,
-                    refresh: Callable[[], Awaitable[tuple[int, int]]] | None = None) -> Slot:
+                    refresh: Callable[[], Awaitable[tuple[int, int]]] | None = None,
+                    also: Callable[[object], Callable[[list], Awaitable[None]]] | None = None,
+                    ) -> Slot:
         """A slot of `model_version_id` (one of `model`'s versions, which has `capacity`
         slots), at once or after waiting; QueueFull / QueueTimeout otherwise. Cancelling the
         caller while it waits leaves the queue. `headroom`: slots beyond `capacity` only for
         tenants under their fair share of `capacity`. `refresh`: re-reads (capacity, headroom) before each
         poll, for a version whose capacity is growing (its first replica is loading; no release
-        wakes such a waiter, so it finds the new capacity on its fallback poll)."""
+        wakes such a waiter, so it finds the new capacity on its fallback poll). `also(pipe)`:
+        queues more commands to send with the entry, in the same round trip, and returns the
+        `finish(results)` awaited with their results (or the exception that failed the call)."""
         ticket = f"{waiter.tenant}:{model_version_id}:{uuid.uuid4().hex}"
         keys = self.keys(model)
         started = self._clock()
         try:
-            state = int(await self._enter(keys=[*keys, self.models_key()], args=[
+            state = await self._enter_call([*keys, self.models_key()], [
                 *self._common_args(model), ticket, waiter.priority, waiter.tenant,
                 waiter.cost_tokens, model_version_id, capacity, headroom, self._max_queue,
-                self._heartbeat_ms, model]))
+                self._heartbeat_ms, model], also)
         except BaseException:
             await self._leave_quietly(model, ticket)
             raise
@@ -348,6 +355,25 @@ class AdmissionQueue:
                 await self._wait(model, model_version_id, waiter, ticket, capacity, headroom,
                                  refresh, started)
         return Slot(self, model, model_version_id, ticket, self._clock() - started)
+
+    async def _enter_call(self, keys: list, args: list, also) -> int:
+        if also is None:
+            return int(await self._enter(keys=keys, args=args))
+        pipe = self._redis.pipeline(transaction=False)
+        finish = also(pipe)
+        queue_script(pipe, self._enter, keys, args)
+        try:
+            results = await pipe.execute(raise_on_error=False)
+        except BaseException as exc:
+            await finish([exc])
+            raise
+        await finish(results[:-1])
+        state = results[-1]
+        if isinstance(state, NoScriptError):  # Redis lost its scripts: load it and enter
+            return int(await self._enter(keys=keys, args=args))
+        if isinstance(state, BaseException):
+            raise state
+        return int(state)
 
     async def _wait(self, model, model_version_id, waiter, ticket, capacity, headroom,
                     refresh, started) -> None:

@@ -2,8 +2,8 @@
 command or pipeline a Redis connection of this process sends while one request is served, and
 every SQL statement. A request that finds its key, tenant and model cached makes at most
 `BEFORE_ROUTING` Redis round trips before it is routed (the key's rate and both token buckets
-in one Lua call; the usage lease with the pending usage event; the admission slot) and no
-database query at all; streaming more tokens costs no more round trips."""
+in one Lua call; the admission slot with the usage lease and the pending usage event in one
+pipeline) and no database query at all; streaming more tokens costs no more round trips."""
 from __future__ import annotations
 
 import contextvars
@@ -17,7 +17,7 @@ from inference.container import current_container
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.django_db(transaction=True)]
 
-BEFORE_ROUTING = 3
+BEFORE_ROUTING = 2
 
 _log: contextvars.ContextVar[list | None] = contextvars.ContextVar("round_trips", default=None)
 
