@@ -78,6 +78,10 @@ class TensorParallelModel(nn.Module):
             self._fail(f"a tensor-parallel step failed on rank 0, the ranks are out of step: {exc!r}")
             raise
 
+    @property
+    def worker_pids(self) -> list[int]:
+        return [worker.pid for worker in self._workers]
+
     def on_failure(self, callback: FailureCallback) -> None:
         """Call `callback(reason)` once when the group breaks (at once if it already has)."""
         with self._lock:
@@ -160,9 +164,10 @@ def start_tensor_parallel(config: EngineConfig, checkpoint: LoadedCheckpoint, dt
             worker.wait()
         raise
     install_all_reduce(shard, group)
-    _log.info("tensor parallel over %d ranks (workers %s), %d threads each", world_size,
-              ", ".join(str(w.pid) for w in workers), threads)
-    return TensorParallelModel(shard, group, workers)
+    model = TensorParallelModel(shard, group, workers)
+    _log.info("tensor parallel over %d ranks (workers: pids %s), %d threads each", world_size,
+              ", ".join(map(str, model.worker_pids)), threads)
+    return model
 
 
 def _python() -> str:
