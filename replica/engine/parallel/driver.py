@@ -165,8 +165,9 @@ def start_tensor_parallel(config: EngineConfig, checkpoint: LoadedCheckpoint, dt
         raise
     install_all_reduce(shard, group)
     model = TensorParallelModel(shard, group, workers)
-    _log.info("tensor parallel over %d ranks (workers: pids %s), %d threads each", world_size,
-              ", ".join(map(str, model.worker_pids)), threads)
+    _log.info("tensor parallel over %d ranks (workers: pids %s; parent-death signal %s), %d threads each",
+              world_size, ", ".join(map(str, model.worker_pids)),
+              "armed" if threading.current_thread() is threading.main_thread() else "off, stdin pipe only", threads)
     return model
 
 
