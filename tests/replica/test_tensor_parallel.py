@@ -178,3 +178,19 @@ def test_workers_die_with_rank_0(tmp_path):
 def test_int4_is_refused_before_any_worker_starts():
     with pytest.raises(ValueError, match="int4 is not built for tensor-parallel replicas"):
         _engine(2, quantization="int4")
+
+
+def test_launch_passes_the_degree_to_the_model_config():
+    from replica.backend.model_parameters import ModelParameters
+    from replica.launch import parse_args, spec_from_args
+
+    ports = ["--model", "m", "--grpc-port", "1", "--http-port", "2", "--metrics-port", "3"]
+    assert parse_args(ports).tensor_parallel == 1
+    parameters = spec_from_args(parse_args([*ports, "--tensor-parallel-degree", "2"]), env={}).parameters
+    template = (REPO_ROOT / "replica/model_repository/smollm2/config.pbtxt").read_text()
+    rendered = parameters.render_into(template)
+    assert 'key: "tensor_parallel" value: { string_value: "2" }' in rendered
+    model_config = {"parameters": {"tensor_parallel": {"string_value": "2"}}}
+    assert ModelParameters.from_model_config(model_config).engine_config("w.gguf").tensor_parallel == 2
+    with pytest.raises(SystemExit):
+        parse_args([*ports, "--tensor-parallel", "0"])
