@@ -28,6 +28,15 @@ from replica.engine.models.loader import default_model_path
 from replica.engine.parallel.driver import per_rank_threads
 
 
+def _vector_flags() -> list[str]:
+    try:
+        with open("/proc/cpuinfo") as fh:
+            flags = next((line.split(":", 1)[1].split() for line in fh if line.startswith("flags")), [])
+    except OSError:
+        return []
+    return sorted(f for f in flags if f.startswith(("avx", "amx", "fma")))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--degrees", default="1,2,3")
@@ -69,7 +78,7 @@ def main() -> None:
             engine.close()
     median = {d: statistics.median(t) for d, t in times.items()}
     result = {
-        "cpu": cpu_model(), "load_average": os.getloadavg(), "dtype": args.dtype, "threads_total": args.threads,
+        "cpu": cpu_model(), "cpu_flags": _vector_flags(), "load_average": os.getloadavg(), "dtype": args.dtype, "threads_total": args.threads,
         "batch": args.batch, "context": args.context, "steps": args.steps,
         "step_ms_median": {str(d): round(m, 2) for d, m in median.items()},
         "ratio_to_n1": {str(d): round(m / median[degrees[0]], 3) for d, m in median.items()},
