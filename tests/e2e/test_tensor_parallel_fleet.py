@@ -1,9 +1,6 @@
 """A tensor-parallel version (tensor_parallel_degree=2) through the fleet: a node agent places
 ONE replica (tritonserver + one gloo worker process), the health check finds it ready, the
-platform's API streams from it, and a drain stops the replica and its worker together.
-
-Needs `ModelVersion.tensor_parallel_degree` and the agent passing it on (the multihost work);
-skipped where the catalogue does not have the field yet."""
+platform's API answers from it, and a drain stops the replica and its worker together."""
 from __future__ import annotations
 
 import os
@@ -25,8 +22,6 @@ from tests.support.fleet import Control, start_agents, stop_fleet
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
-if not any(f.name == "tensor_parallel_degree" for f in ModelVersion._meta.get_fields()):
-    pytest.skip("ModelVersion.tensor_parallel_degree is not in this catalogue yet", allow_module_level=True)
 
 
 def _workers(server_pid: int) -> list[psutil.Process]:
