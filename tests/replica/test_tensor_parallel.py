@@ -4,6 +4,7 @@ is a dead engine, workers die with their rank 0."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import signal
 import subprocess
@@ -150,20 +151,37 @@ def test_a_dead_worker_is_a_dead_engine():
 
 
 @pytest.mark.slow
-def test_workers_die_with_rank_0(tmp_path):
-    script = ("import sys\n"
+@pytest.mark.parametrize("started_from", ["main thread", "a thread that ends"])
+def test_workers_die_with_rank_0(started_from):
+    """From the main thread the parent-death signal is armed; from another thread it is not (Linux
+    would fire it when that thread ends: the workers must outlive it), and the stdin pipe alone
+    ends them when rank 0 dies."""
+    build = ("engine = LLMEngine.from_config(EngineConfig(model_path=default_model_path(), dtype='float32',\n"
+             "    kv_cache_bytes=16 << 20, num_threads=2, tensor_parallel=3))\n")
+    if started_from != "main thread":
+        build = ("import threading\nbox = {}\n"
+                 "def start():\n    box['e'] = LLMEngine.from_config(EngineConfig(model_path=default_model_path(),\n"
+                 "        dtype='float32', kv_cache_bytes=16 << 20, num_threads=2, tensor_parallel=3))\n"
+                 "t = threading.Thread(target=start)\nt.start()\nt.join()\nengine = box['e']\n")
+    script = ("import json, sys\n"
               "from replica.engine.config import EngineConfig\n"
+              "from replica.engine.sampling_params import SamplingParams\n"
               "from replica.engine.llm_engine import LLMEngine\n"
               "from replica.engine.models.loader import default_model_path\n"
-              "engine = LLMEngine.from_config(EngineConfig(model_path=default_model_path(), dtype='float32',\n"
-              "    kv_cache_bytes=16 << 20, num_threads=2, tensor_parallel=3))\n"
+              + build +
               "print(*engine.core.runner.model.worker_pids, flush=True)\n"
+              "sys.stdin.readline()\n"
+              "greedy = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)\n"
+              "print(json.dumps(engine.generate([[1, 2, 3]], greedy)), flush=True)\n"
               "sys.stdin.read()\n")
     rank0 = subprocess.Popen([sys.executable, "-c", script], cwd=REPO_ROOT, stdin=subprocess.PIPE,
                              stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
     try:
         pids = [int(pid) for pid in rank0.stdout.readline().split()]
         assert len(pids) == 2, "rank 0 did not start its two workers"
+        rank0.stdin.write("step\n")
+        rank0.stdin.flush()
+        assert len(json.loads(rank0.stdout.readline())[0]) == 2  # the workers outlived the thread that started them
         assert all(psutil.pid_exists(pid) for pid in pids)
     finally:
         rank0.kill()
