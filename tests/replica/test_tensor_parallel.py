@@ -212,3 +212,34 @@ def test_launch_passes_the_degree_to_the_model_config():
     assert ModelParameters.from_model_config(model_config).engine_config("w.gguf").tensor_parallel == 2
     with pytest.raises(SystemExit):
         parse_args([*ports, "--tensor-parallel", "0"])
+
+
+def test_a_step_input_crosses_the_wire_whole_and_without_pickle():
+    from replica.engine.parallel.rank import StepInput
+    from replica.engine.runner.attention import AttentionMetadata, PrefillSeq
+
+    meta = AttentionMetadata(
+        slot_mapping=torch.tensor([40, 41, 7]), decode_token_idx=torch.tensor([2]),
+        decode_block_tables=torch.tensor([[0, 3]]), decode_mask=torch.tensor([[True, False]]).view(1, 1, 1, 2),
+        decode_context_lens=torch.tensor([18]),
+        prefills=[PrefillSeq(query_start=0, query_len=2, context_len=2, block_ids=torch.tensor([2]))],
+        native="rank 0's kernel")
+    payload = StepInput(torch.tensor([5, 6, 9]), torch.tensor([0, 1, 17]), meta).to_bytes()
+    header = json.loads(payload[8 : 8 + int.from_bytes(payload[:8], "little")])  # JSON, then raw bytes
+    assert header["meta"]["type"] == "AttentionMetadata" and header["meta"]["fields"]["native"] is None
+    step = StepInput.from_bytes(payload, torch.device("cpu"), native="this rank's kernel")
+    assert step.input_ids.tolist() == [5, 6, 9] and step.positions.tolist() == [0, 1, 17]
+    got = step.meta
+    assert got.native == "this rank's kernel"
+    for name in ("slot_mapping", "decode_token_idx", "decode_block_tables", "decode_mask", "decode_context_lens"):
+        assert torch.equal(getattr(got, name), getattr(meta, name)), name
+    (prefill,) = got.prefills
+    assert (prefill.query_start, prefill.query_len, prefill.context_len) == (0, 2, 2)
+    assert prefill.block_ids.tolist() == [2]
+
+    @dataclasses.dataclass
+    class Unknown:
+        value: int
+
+    with pytest.raises(TypeError, match="not sent to tensor-parallel workers"):
+        StepInput(torch.tensor([1]), torch.tensor([0]), dataclasses.replace(meta, prefills=[Unknown(1)])).to_bytes()
