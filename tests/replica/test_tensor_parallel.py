@@ -241,5 +241,7 @@ def test_a_step_input_crosses_the_wire_whole_and_without_pickle():
     class Unknown:
         value: int
 
-    with pytest.raises(TypeError, match="not sent to tensor-parallel workers"):
+    with pytest.raises(TypeError, match="Unknown is not sent to tensor-parallel workers"):
         StepInput(torch.tensor([1]), torch.tensor([0]), dataclasses.replace(meta, prefills=[Unknown(1)])).to_bytes()
+    with pytest.raises(TypeError, match="torch.float32 tensor is not sent"):
+        StepInput(torch.tensor([1]), torch.tensor([0.5]), meta).to_bytes()

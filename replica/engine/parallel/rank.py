@@ -86,6 +86,8 @@ def _to_wire(value: Any, blobs: list[bytes]) -> Any:
     """JSON-able structure: a tensor is {"tensor": [dtype, shape, offset, nbytes]} into `blobs`
     (its bytes on the CPU), a dataclass {"type": name, "fields": {...}}."""
     if isinstance(value, torch.Tensor):
+        if value.dtype not in _WIRE_DTYPES.values():  # refused here, not by a worker mid-step
+            raise TypeError(f"a {value.dtype} tensor is not sent to tensor-parallel workers")
         data = value.detach().cpu().contiguous().numpy().tobytes()
         offset = sum(map(len, blobs))
         blobs.append(data)
