@@ -201,5 +201,6 @@ def _wait_ready(store, workers: list[subprocess.Popen], timeout_s: float) -> Non
                 raise TensorParallelError(f"tensor-parallel worker rank {rank} exited with code {worker.returncode} "
                                           "while loading (its traceback is in this replica's log)")
         if time.monotonic() > deadline:
-            raise TensorParallelError(f"tensor-parallel workers not ready after {timeout_s:.0f}s")
+            raise TensorParallelError(f"tensor-parallel workers not ready after {timeout_s:.0f}s (each loads the whole "
+                                      "checkpoint: see their progress in this replica's log)")
         time.sleep(0.1)
