@@ -13,6 +13,7 @@ import pytest
 from django.conf import settings
 from django.db import connection
 
+from llm_platform.web_processes import APPLICATION, single_endpoint
 from models_registry.models import ModelVersion
 from models_registry.services import ensure_model_version, register_replica
 from tenants.services import create_api_key, create_tenant
@@ -75,8 +76,8 @@ def platform_env(**overrides: str) -> dict[str, str]:
 def daphne_server(name: str, env: dict[str, str]) -> Iterator[tuple[str, Proc]]:
     """daphne serving the real ASGI app with `env`: (base URL, process), stopped on exit."""
     port = free_port()
-    proc = start(name, ["-m", "daphne", "-e", f"tcp:port={port}:interface=127.0.0.1:backlog=1024",
-                        "llm_platform.asgi:application"], env, LOG_DIR)
+    proc = start(name, ["-m", "daphne", "-e", single_endpoint("127.0.0.1", port),
+                        APPLICATION], env, LOG_DIR)
     url = f"http://127.0.0.1:{port}"
     try:
         wait_until(lambda: http_ok(url + "/healthz"), proc, 60, "healthz")
