@@ -323,7 +323,8 @@ def run(args) -> dict:
                        "ADMISSION_POLICY": "fair_share", "ENGINE_FAIR_SHARE": "1"})
     # Its own database: another benchmark's start_fleet would mark this replica stopped.
     fleet = start_fleet("smollm2", database="llm_platform_bench_fairness",
-                        replica_args=("--num-threads", str(args.replica_threads)))
+                        replica_args=("--num-threads", str(args.replica_threads),
+                                      "--step-policy", args.step_policy))
     try:
         tag = uuid.uuid4().hex[:6]
         names = {"A": f"burst-{tag}", "B": f"steady-{tag}"}
@@ -335,6 +336,8 @@ def run(args) -> dict:
         dtype = replica_dtype(fleet.metrics_address)
         capacity_rps = calibrate(fleet.base_url, keys, args)
         fair = measure(fleet.base_url, keys, args, "fair", args.rounds)
+        if not args.baseline_rounds:
+            return _result(args, capacity_rps, dtype, {"fair": fair})
         # One front end at a time: the first one's PostgreSQL connections must not starve the
         # second (under load each in-flight request holds one, and PostgreSQL allows ~100).
         daphne = fleet.procs.pop()
@@ -353,14 +356,20 @@ def run(args) -> dict:
                                     args.baseline_rounds)}
     finally:
         fleet.stop()
+    return _result(args, capacity_rps, dtype, result)
+
+
+def _result(args, capacity_rps: float | None, dtype: str, result: dict) -> dict:
+    """The JSON of a run; `result` has "fair" and, unless `--baseline-rounds 0`, "unfair"."""
+    fair, unfair = result["fair"], result.get("unfair", {})
     return {
-        "victim_slowdown": result["fair"]["victim_slowdown"],
-        "victim_slowdown_fairness_off": result["unfair"]["victim_slowdown"],
-        "victim_p50_slowdown": result["fair"]["victim_p50_slowdown"],
-        "victim_p50_slowdown_fairness_off": result["unfair"]["victim_p50_slowdown"],
-        "a_idle_share": result["fair"]["a_idle_share"],
-        "a_idle_share_fairness_off": result["unfair"]["a_idle_share"],
-        "a_overloads": result["fair"]["a_overloads"] and result["unfair"]["a_overloads"],
+        "victim_slowdown": fair["victim_slowdown"],
+        "victim_slowdown_fairness_off": unfair.get("victim_slowdown"),
+        "victim_p50_slowdown": fair["victim_p50_slowdown"],
+        "victim_p50_slowdown_fairness_off": unfair.get("victim_p50_slowdown"),
+        "a_idle_share": fair["a_idle_share"],
+        "a_idle_share_fairness_off": unfair.get("a_idle_share"),
+        "a_overloads": fair["a_overloads"] and unfair.get("a_overloads", True),
         "targets": {"victim_slowdown": "<= 1.5"},
         "settings": {"capacity_requests_per_s": capacity_rps,
                      "b_rate_per_s": args.b_rate, "a_rate_per_s": args.a_rate,
@@ -369,8 +378,9 @@ def run(args) -> dict:
                      "b_samples_per_phase": int(args.phase_s * args.b_rate) * args.rounds,
                      "replica_dtype": dtype, "cpu": cpu_model(),
                      "max_tokens": args.max_tokens, "replica_threads": args.replica_threads,
+                     "step_policy": args.step_policy,
                      "slots_per_replica": args.slots, "headroom_slots": args.headroom,
-                     "cpu_count": os.cpu_count()},
+                     "cpu_count": os.cpu_count(), "load_average_at_end": os.getloadavg()},
         **result,
     }
 
@@ -400,6 +410,10 @@ def main() -> None:
     parser.add_argument("--replica-threads", type=int, default=1,
                         help="torch threads of the replica (the node agent's default is 1)")
     parser.add_argument("--max-tokens", type=int, default=16)
+    parser.add_argument("--step-policy", choices=("isolate_newcomers", "plain"),
+                        default="isolate_newcomers",
+                        help="the replica's engine: newcomer isolation and step interruption, "
+                             "or neither")
     parser.add_argument("--slots", type=int, default=4, help="admission slots per replica")
     parser.add_argument("--headroom", type=int, default=2,
                         help="extra slots per replica for tenants under their fair share of "
@@ -412,7 +426,7 @@ def main() -> None:
                 "victim_p50_slowdown_fairness_off", "a_idle_share", "a_idle_share_fairness_off",
                 "a_overloads"):
         print(f"{key:30s} {result[key]}")
-    print(json.dumps({k: result[k] for k in ("fair", "unfair")}, indent=1))
+    print(json.dumps({k: result[k] for k in ("fair", "unfair") if k in result}, indent=1))
     if args.out:
         with open(args.out, "w") as fh:
             json.dump(result, fh, indent=2)

@@ -15,12 +15,6 @@ then costs one short step, not a step swollen by the burst. Never two isolated s
 and only when the newcomer is actually admitted (else the held work runs in that same step), so
 nothing starves or idles; a burst of N running sequences loses at most every other step.
 
-Step interruption: a step already under way when such a newcomer arrives is cut short between
-two layers (the engine asks `would_isolate`; `interrupted` records it) and scheduled again after
-the newcomer's isolated step, so the newcomer does not wait for the heavier tenants' step
-either. Only an ordinary step that follows an ordinary completed step can be cut short: of any
-three steps in a row the heavier tenants get at least one.
-
 Invariants:
 - a request is in exactly one of `waiting`, `running`, or neither (finished);
 - every scheduled request has blocks for `num_computed_tokens + num_new_tokens`;
@@ -63,7 +57,9 @@ class Scheduler:
         max_num_batched_tokens: int,
         max_model_len: int,
         weights: FairShareWeights | None = None,
+        isolate_newcomers: bool = True,
     ) -> None:
+        self.isolate_newcomers = isolate_newcomers
         self.kv = kv
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -78,9 +74,6 @@ class Scheduler:
         self.prefix_hit_tokens = 0
         self.prefilled_tokens = 0  # cumulative sum of the requests' num_prefilled_tokens
         self._isolated_last_step = False
-        self._interrupted_last_step = False
-        self.step_interruptible = False  # may the step just scheduled be cut short?
-        self.num_interrupted_steps = 0
 
     # --- admission -------------------------------------------------------------------------
 
@@ -105,8 +98,6 @@ class Scheduler:
         preempted: list[str] = []
         self.waiting.sort(key=self._waiting_key)
         self.running.sort(key=_priority_key)
-        was_ordinary = not self._isolated_last_step and not self._interrupted_last_step
-        self._interrupted_last_step = False
         hold = self._isolation_hold()
         self._schedule_running(scheduled, preempted, hold)
         # after a preemption the pool is under pressure: admit nothing new this step
@@ -119,7 +110,6 @@ class Scheduler:
                 if not preempted:
                     self._admit_waiting(self._budget_left(scheduled), scheduled, preempted, None)
         self._isolated_last_step = hold is not None
-        self.step_interruptible = was_ordinary and hold is None
 
         batch = [(self.requests[rid], n) for rid, n in scheduled.items()]
         return SchedulerOutput(
@@ -158,28 +148,11 @@ class Scheduler:
                 budget -= num_new
                 i += 1
 
-    def would_isolate(self, tenant: str, priority: int) -> bool:
-        """Would a request of `tenant` at `priority` arriving now get an isolated step next, so
-        that the step under way (if `step_interruptible`) is worth cutting short?"""
-        if self._isolated_last_step or len(self.running) >= self.max_num_seqs:
-            return False
-        if any(r.priority < priority for r in self.waiting):
-            return False  # a better tier waits: the newcomer would not go first
-        load = self._load_per_tenant(priority)
-        mine = load.pop(tenant, 0) + 1  # the newcomer's tenant's, the newcomer too
-        running = self._running_tenants
-        return any(n > mine and t in running for t, n in load.items())
-
-    def interrupted(self) -> None:
-        """The step just scheduled was cut short before any of it counted: its requests keep
-        their blocks and computed counts and are scheduled again."""
-        self._interrupted_last_step = True
-        self.num_interrupted_steps += 1
-
     def _isolation_hold(self) -> _Hold | None:
         """Which running work waits this step so that a lighter tenant's newcomer starts in a
         short step (newcomer isolation), or None."""
-        if self._isolated_last_step or not self.waiting or len(self.running) >= self.max_num_seqs:
+        if (not self.isolate_newcomers or self._isolated_last_step or not self.waiting
+                or len(self.running) >= self.max_num_seqs):
             return None
         tier = self.waiting[0].priority
         load = self._load_per_tenant(tier)

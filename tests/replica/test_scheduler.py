@@ -260,40 +260,6 @@ def test_random_multi_tenant_arrivals_finish_and_free_everything(reqs, num_block
     assert s.kv.num_free_blocks == num_blocks
 
 
-def test_would_isolate_a_lighter_tenant_of_the_best_tier_only():
-    s = _scheduler(budget=64)
-    for rid in ("a1", "a2", "a3", "b1"):
-        s.add_request(_req(rid, tenant=rid[0].upper(), priority=5, max_tokens=20))
-    _step(s)
-    assert s.would_isolate("B", 5) and s.would_isolate("C", 5)  # 1 and 0 running vs A's 3
-    assert not s.would_isolate("A", 5)  # the heaviest never cuts its own steps short
-    assert s.would_isolate("C", 0)  # an interactive newcomer
-    assert not s.would_isolate("C", 9)  # batch work does not hold back the standard tier
-    s.add_request(_req("urgent", tenant="D", priority=0, t=1.0))
-    assert not s.would_isolate("C", 5)  # a better tier waits: C would not go first
-
-
-def test_only_an_ordinary_step_after_an_ordinary_step_may_be_cut_short():
-    s = _scheduler(budget=64)
-    for rid in ("a1", "a2"):
-        s.add_request(_req(rid, tenant="A", max_tokens=30))
-    _step(s)
-    out = s.schedule()
-    assert s.step_interruptible
-    s.interrupted()  # nothing of it counted
-    assert s.num_interrupted_steps == 1
-    assert all(r.num_computed_tokens == 6 and r.num_output_tokens == 1 for r, _ in out.scheduled)
-    s.add_request(_req("b1", tenant="B", t=1.0))
-    out = s.schedule()  # the newcomer's isolated step
-    assert _ids(out) == ["b1"] and not s.step_interruptible
-    s.update(out, {"b1": 7}, EOS)
-    out = s.schedule()  # right after an isolated step: A runs, whatever arrives
-    assert sorted(_ids(out)) == ["a1", "a2", "b1"] and not s.step_interruptible
-    s.update(out, {r.request_id: 7 for r, _ in out.scheduled}, EOS)
-    s.schedule()
-    assert s.step_interruptible
-
-
 def test_a_burst_whose_next_requests_only_queued_still_counts():
     s = _scheduler(budget=64)
     for rid in ("a1", "b1"):
