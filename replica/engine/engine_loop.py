@@ -22,12 +22,13 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Protocol, runtime_checkable
 
 from replica.engine.request import ErrorKind, FinishReason, RequestOutput
 from replica.engine.sampling_params import InvalidRequestError, SamplingParams
 
 
+@runtime_checkable
 class Engine(Protocol):
     """What EngineLoop drives (replica/engine/llm_engine.py's LLMEngine). All calls come from
     the loop thread, except `check_prompt`, which reads only what never changes."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from replica.engine.engine_loop import Engine, EngineLoop
 from replica.engine.llm_engine import EngineFault
 from replica.engine.request import ErrorKind, FinishReason
 from replica.engine.runner.sampler import SampleError, Sampler, sample_one
@@ -147,6 +148,27 @@ def test_prompt_token_ids_outside_the_vocabulary_are_refused(state_dict):
         with pytest.raises(InvalidRequestError, match="token ids"):
             engine.add_request("x", ids, SamplingParams())
     assert not engine.has_unfinished_requests()
+
+
+@pytest.mark.parametrize("ids, needle", [
+    ([], "the prompt is empty"),
+    ([TINY.vocab_size], "token ids must lie in"),
+    ([1] * 10_000, "context window"),
+])
+def test_one_prompt_check_for_the_engine_and_its_loop(state_dict, ids, needle):
+    """The loop refuses on the caller's thread with the engine's own check and message."""
+    engine = our_engine(TINY, state_dict)
+    assert isinstance(engine, Engine)
+    with pytest.raises(InvalidRequestError, match=needle):
+        engine.add_request("direct", ids, SamplingParams())
+    loop = EngineLoop(engine)
+    loop.start()
+    try:
+        with pytest.raises(InvalidRequestError, match=needle):
+            loop.submit("looped", ids, SamplingParams(), on_output=lambda output: None)
+        assert loop.num_open == 0
+    finally:
+        loop.stop()
 
 
 def _break_rows(engine, rows_for: dict[str, float]):

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from replica.engine.engine_loop import EngineDeadError, EngineLoop, EngineUnavailableError, InjectedFault
+from replica.engine.engine_loop import Engine, EngineDeadError, EngineLoop, EngineUnavailableError, InjectedFault
 from replica.engine.request import ErrorKind, FinishReason, RequestOutput
 from replica.engine.sampling_params import InvalidRequestError, SamplingParams
 from tests.support.waiting import wait_until
@@ -271,6 +271,11 @@ def test_ticks_publish_stats_while_busy_and_once_on_going_idle(engine):
     assert any(t["num_running"] == 1 for t in ticks)
     assert ticks[-1] == {"num_running": 0}
     loop.stop()
+
+
+def test_the_stand_in_is_an_engine_as_the_loop_sees_it(engine):
+    assert isinstance(engine, Engine)  # the real one: test_engine_faults.py
+    assert not isinstance(object(), Engine)
 
 
 def test_submit_before_start_is_refused(engine):
