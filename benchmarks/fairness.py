@@ -323,8 +323,7 @@ def run(args) -> dict:
                        "ADMISSION_POLICY": "fair_share", "ENGINE_FAIR_SHARE": "1"})
     # Its own database: another benchmark's start_fleet would mark this replica stopped.
     fleet = start_fleet("smollm2", database="llm_platform_bench_fairness",
-                        replica_args=("--num-threads", str(args.replica_threads),
-                                      "--step-policy", args.step_policy))
+                        replica_args=("--num-threads", str(args.replica_threads)))
     try:
         tag = uuid.uuid4().hex[:6]
         names = {"A": f"burst-{tag}", "B": f"steady-{tag}"}
@@ -378,7 +377,6 @@ def _result(args, capacity_rps: float | None, dtype: str, result: dict) -> dict:
                      "b_samples_per_phase": int(args.phase_s * args.b_rate) * args.rounds,
                      "replica_dtype": dtype, "cpu": cpu_model(),
                      "max_tokens": args.max_tokens, "replica_threads": args.replica_threads,
-                     "step_policy": args.step_policy,
                      "slots_per_replica": args.slots, "headroom_slots": args.headroom,
                      "cpu_count": os.cpu_count(), "load_average_at_end": os.getloadavg()},
         **result,
@@ -410,10 +408,6 @@ def main() -> None:
     parser.add_argument("--replica-threads", type=int, default=1,
                         help="torch threads of the replica (the node agent's default is 1)")
     parser.add_argument("--max-tokens", type=int, default=16)
-    parser.add_argument("--step-policy", choices=("isolate_newcomers", "plain"),
-                        default="isolate_newcomers",
-                        help="the replica's engine: newcomer isolation and step interruption, "
-                             "or neither")
     parser.add_argument("--slots", type=int, default=4, help="admission slots per replica")
     parser.add_argument("--headroom", type=int, default=2,
                         help="extra slots per replica for tenants under their fair share of "

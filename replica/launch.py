@@ -55,8 +55,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-num-seqs", type=int, default=defaults.max_num_seqs)
     parser.add_argument("--max-num-batched-tokens", type=int, default=defaults.max_num_batched_tokens)
     parser.add_argument("--num-threads", type=int, default=0, help="torch threads in the engine (0: torch default)")
-    parser.add_argument("--step-policy", choices=("isolate_newcomers", "plain"), default=defaults.step_policy,
-                        help="isolate_newcomers: newcomer isolation and step interruption; plain: neither")
     parser.add_argument("--grpc-port", type=int, required=True)
     parser.add_argument("--http-port", type=int, required=True)
     parser.add_argument("--metrics-port", type=int, required=True)
@@ -88,7 +86,6 @@ def spec_from_args(args: argparse.Namespace, env: dict[str, str] | None = None) 
             max_num_seqs=args.max_num_seqs,
             max_num_batched_tokens=args.max_num_batched_tokens,
             num_threads=args.num_threads,
-            step_policy=args.step_policy,
         ),
         workdir=args.workdir,
         drain_grace_s=args.drain_grace_s,

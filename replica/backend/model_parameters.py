@@ -22,7 +22,6 @@ class ModelParameters:
     max_num_seqs: int = _DEFAULTS.max_num_seqs
     max_num_batched_tokens: int = _DEFAULTS.max_num_batched_tokens
     num_threads: int = 0  # torch intra-op threads; 0 = torch's default
-    step_policy: str = _DEFAULTS.step_policy
     drain_file: str = ""  # "" = no drain signal
     drain_grace_s: float = 30.0
     engine_dead_file: str = ""  # written (with the reason) when the engine loop dies; "" = none
@@ -48,7 +47,6 @@ class ModelParameters:
             max_num_seqs=self.max_num_seqs,
             max_num_batched_tokens=self.max_num_batched_tokens,
             num_threads=self.num_threads or None,
-            step_policy=self.step_policy,
         )
 
     def render_into(self, config_pbtxt: str) -> str:

@@ -62,6 +62,4 @@ class EngineConfig:
     max_model_len: int | None = None  # default: the model's context length
     enable_prefix_caching: bool = True
     num_threads: int | None = None  # torch intra-op threads; None = torch's default
-    # isolate_newcomers: newcomer isolation and step interruption (scheduler.py); plain: neither
-    step_policy: str = "isolate_newcomers"
     extra: dict[str, Any] = field(default_factory=dict)

@@ -6,7 +6,7 @@ Invariants:
 - Every submitted request gets exactly one final `RequestOutput` (finished=True) through its
   `on_output`: a normal finish, an abort (client cancel, drain deadline, stop), or an error output
   (`error` and `error_kind` set) when the engine refused it later (INVALID_INPUT), failed it alone
-  (INTERNAL, engine_core.py) or the loop thread died (ENGINE_DEAD).
+  (INTERNAL, llm_engine.py) or the loop thread died (ENGINE_DEAD).
 - The loop dies only on what escapes `engine.step()` and the loop's own bookkeeping (EngineFault,
   a bug); then every open request gets an ENGINE_DEAD error, `submit` raises EngineDeadError
   from then on, and `on_dead` (if given) is called once with the exception, on the dying thread.

@@ -77,7 +77,6 @@ class LLMEngine:
         kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(kv, config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len)
         self.runner = ModelRunner(model, num_blocks, config.block_size, dtype, device)
-        self.decoder = tokenizer
         self.eos_token_ids = tuple(model_config.eos_token_ids) or tuple(tokenizer.eos_token_ids)
         self.vocab_size = int(model_config.vocab_size)
         self.clock = clock
@@ -147,7 +146,7 @@ class LLMEngine:
         )
         seed = sampling_params.seed
         self._seeds[request_id] = seed if seed is not None else self.rng.getrandbits(62)
-        self._detok[request_id] = IncrementalDetokenizer(self.decoder, prompt_token_ids, sampling_params.stop)
+        self._detok[request_id] = IncrementalDetokenizer(self.tokenizer, prompt_token_ids, sampling_params.stop)
         self.scheduler.add_request(request)
 
     def abort_request(self, request_id: str) -> RequestOutput | None:
