@@ -2,9 +2,8 @@
 
 One real SmolLM2 replica, two platform front ends on it (two daphne processes, each with its
 own Redis key prefix): `fair` (admission queue `fair_share` with headroom slots, the engine's
-per-tenant fair share, newcomer isolation and step interruption) and `unfair` (admission `fifo`
-without headroom, one fair-share unit for everybody in the engine, so nobody is ever a
-newcomer). Both tenants are in the same tier, so only fair share separates them. Each tenant's
+per-tenant fair share) and `unfair` (admission `fifo` without headroom, one fair-share unit for
+everybody in the engine). Both tenants are in the same tier, so only fair share separates them. Each tenant's
 client is a process of its own (they are different customers: B's time to first token must not
 include its client's event loop busy with A's burst).
 
@@ -26,7 +25,7 @@ tokens/s in phase 3 as a share of the capacity B left idle (`a_idle_share`: work
 conservation), and how many of each tenant's requests were refused (503) or failed.
 `a_overloads` says whether A alone asked for more than the replica served (A's requests
 refused or waiting); without that the burst measures nothing. Fairness off runs
-`--baseline-rounds` (2) rounds: its slowdown is tens of times, fewer samples show it. The
+`--baseline-rounds` (2) rounds: its slowdown is tens of times, fewer samples show it; 0 skips it. The
 replica runs with `--replica-threads` torch threads, 1 by default as the node agent launches
 replicas (NODE_REPLICA_THREADS): on 2 cores the other core serves daphne and the clients.
 """
