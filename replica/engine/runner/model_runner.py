@@ -12,10 +12,10 @@ import torch
 
 from replica.engine.config import ModelConfig
 from replica.engine.models.llama import LlamaForCausalLM
+from replica.engine.request import Request
 from replica.engine.runner import native
 from replica.engine.runner.attention import AttentionMetadata, PrefillSeq
 from replica.engine.runner.hugepages import huge_zeros
-from replica.engine.request import Request
 from replica.engine.runner.sampler import SampleError, Sampler
 from replica.engine.scheduler import SchedulerOutput
 
