@@ -19,7 +19,6 @@ PREFIX_CACHE_HIT_TOKENS = "replica_prefix_cache_hit_tokens_total"
 PROMPT_TOKENS = "replica_prompt_tokens_total"
 GENERATED_TOKENS = "replica_generated_tokens_total"
 PREEMPTIONS = "replica_preemptions_total"
-INTERRUPTED_STEPS = "replica_interrupted_steps_total"
 # Gauge, always 1; its labels (model, version, dtype, quantization) say what the engine runs.
 ENGINE_INFO = "replica_engine_info"
 # Gauge: 1 while the engine loop runs, 0 once it died (the replica serves nothing).
@@ -39,5 +38,4 @@ COUNTERS = {
                     "recompute not counted again): what requests are billed"),
     GENERATED_TOKENS: ("generated_tokens", "Tokens generated"),
     PREEMPTIONS: ("num_preemptions", "Sequences preempted (recompute)"),
-    INTERRUPTED_STEPS: ("num_interrupted_steps", "Steps cut short for a lighter tenant's newcomer"),
 }
