@@ -95,7 +95,12 @@ class LLMEngine:
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
         normalize_quantization(config.quantization)  # an unknown or unbuilt one fails before the load
-        checkpoint = load_checkpoint(config.model_path)
+        shard = None
+        if config.tensor_parallel > 1:  # rank 0 reads only its shard of the weights too
+            from replica.engine.parallel.sharding import rank_weights
+
+            shard = rank_weights(config.tensor_parallel, 0)
+        checkpoint = load_checkpoint(config.model_path, shard=shard)
         dtype = dtype_name(resolve_dtype(config.dtype, config.device))
         if config.tensor_parallel > 1:  # one replica over N ranks: replica/engine/parallel/
             from replica.engine.parallel.driver import start_tensor_parallel
