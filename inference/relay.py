@@ -119,16 +119,16 @@ class _Pump:
         bookkeeping run after its last item)."""
         if self._task is not None:
             await asyncio.wait([self._task])
-        else:  # the first item was the last: close the generation here
-            await self._items.aclose()
+        await self._items.aclose()  # the first item was the last: the task never ran
 
     async def cancel(self) -> None:
-        if self._task is None:
-            await self._items.aclose()
-            return
-        if not self._task.done():
-            self._task.cancel()
-        await asyncio.wait([self._task])  # its bookkeeping is shielded; it ends
+        if self._task is not None:
+            if not self._task.done():
+                self._task.cancel()
+            await asyncio.wait([self._task])  # its bookkeeping is shielded; it ends
+        # A task cancelled before it ran never opened the generation: close it here (a
+        # no-op for a generation that ended).
+        await self._items.aclose()
 
 
 def coalesce(fmt: ResponseFormat, meta: StreamMeta, items: list[Delta | Done]) -> tuple[Frames, Done | None]:
