@@ -206,10 +206,12 @@ class TritonReplicaClient:
         try:
             while not finished:
                 try:
-                    result, error = await asyncio.wait_for(call.__anext__(), timeout)
+                    # asyncio.timeout, not wait_for: no task of its own per token.
+                    async with asyncio.timeout(timeout):
+                        result, error = await anext(call)
                 except StopAsyncIteration:
                     raise ReplicaStreamError("the replica closed the stream before the end")
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     raise ReplicaUnavailable(f"no response from the replica for {timeout:g} s")
                 except (grpc.aio.AioRpcError, InferenceServerException) as exc:
                     raise classify(exc) from exc

@@ -142,3 +142,25 @@ async def test_past_the_deadline_the_stream_ends_with_its_error_event():
     names = [event.name for frame_set in [f async for f in frames] for event in frame_set]
     assert names == ["token", "error"]
     assert source.cancelled and source.finished
+
+
+@pytest.mark.asyncio
+async def test_tokens_a_loop_turn_apart_join_one_write():
+    """A token already received takes a few loop turns to come up from the gRPC stream: the
+    writer gives the loop those turns before writing, so such tokens still leave together."""
+    texts = ["a", "b", "c", "d"]
+
+    class Trickle:
+        async def generate(self, prepared):
+            yield Delta("a")
+            for text in texts[1:]:
+                await asyncio.sleep(0)  # the next token is one loop turn away
+                yield Delta(text)
+            yield Done(_result(texts))
+
+    frames = await open_frames(Trickle(), _prepared(), GENERATE.response_format, FAR)
+    writes = [chunk async for chunk in sse_bytes(GENERATE.response_format, frames)]
+    events = [event for chunk in writes for event in sse_events(chunk)]
+    assert "".join(data["text"] for name, data in events if name == "token") == "abcd"
+    assert len(writes) == 2  # "a" at once; "bcd" and the end together
+    assert sse_events(writes[1])[0] == ("token", {"text": "bcd"})
