@@ -27,7 +27,6 @@ from inference.container import current_container
 from inference.endpoints import GENERATE
 from inference.errors import ApiError, Conflict, InvalidRequest, Unauthorized
 from inference.faults import as_api_error, preparing
-from inference.key_ratelimit import check_key_rate
 from inference.pipeline import decode_body
 from inference.relay import open_frames, request_deadline
 from llm_platform.db_watchdog import query_timeout
@@ -114,8 +113,8 @@ class StreamConsumer(AsyncWebsocketConsumer):
             async with preparing(deadline):  # 503 in seconds if PostgreSQL or Redis hangs
                 principal = await container.preparation.authenticate(authorization)
                 self.authenticated = True
-                await check_key_rate(principal.api_key_id)  # one count with the HTTP routes
-                outcome = await container.preparation.prepare_as(
+                # One key-rate count with the HTTP routes.
+                outcome = await container.preparation.prepare_for_key(
                     GENERATE, principal, body,
                     idempotency_key if isinstance(idempotency_key, str) else None,
                     conversation_id if isinstance(conversation_id, str) else None)

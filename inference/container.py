@@ -47,6 +47,7 @@ from inference.tokenization import TokenizerCache
 from inference.triton_client import TritonReplicaClient
 from llm_platform.redis_clients import async_redis
 from inference.fallbacks import FallbackRecorder
+from tenants.auth import KeyAuthenticator
 from tenants.buckets import TokenBuckets
 from tenants.selectors import LimitsCache
 
@@ -64,8 +65,10 @@ class Container:
     replica_client: ReplicaClient
     signal_poller: SignalPoller
     process: ProcessLease  # this process is alive (pending Idempotency-Keys name it)
+    auth: KeyAuthenticator  # API keys, cached in this process (revocations published)
 
     async def close(self) -> None:
+        await self.auth.close()
         await self.process.stop()
         await self.signal_poller.stop()
         await self.admission.close()
@@ -120,8 +123,10 @@ def build_container(tokenizers: TokenizerCache) -> Container:
         router.num_ready,
         PromptEncoder(tokenizers),
     )
+    auth = KeyAuthenticator(redis, prefix, settings.API_KEY_CACHE_SECONDS,
+                            settings.API_KEY_NEGATIVE_CACHE_SECONDS)
     preparation = Preparation(
-        redis=redis, key_prefix=prefix,
+        auth=auth, redis=redis, key_prefix=prefix,
         catalog=ServingCatalog(clock, settings.REGISTRY_CACHE_TTL_SECONDS),
         versions=versions, idempotency=idempotency,
         limits=LimitsCache(redis, prefix, settings.QUOTA_LIMITS_CACHE_SECONDS),
@@ -134,7 +139,7 @@ def build_container(tokenizers: TokenizerCache) -> Container:
     return Container(
         preparation=preparation, generation=generation, redis=redis, key_prefix=prefix,
         router=router, admission=admission, buckets=buckets, replica_client=replica_client,
-        signal_poller=poller, process=process,
+        signal_poller=poller, process=process, auth=auth,
     )
 
 

@@ -25,7 +25,8 @@ kept is reclaimed when its lease expires (settings.ADMISSION_SLOT_TTL_SECONDS,
 IDEMPOTENCY_PENDING_TTL_SECONDS).
 
 Metering (docs/billing.md): before anything else the request takes its usage lease and sends a
-pending usage event; at the end it sends the final one, with every token the replicas computed
+pending usage event (both in the round trip that enters the admission queue; on their own when
+no admission call is made); at the end it sends the final one, with every token the replicas computed
 for it: the final chunk's counts, or, for an attempt that ended without one (client gone,
 stream broken), the replica's own usage ledger, asked with abort (so a cancelled request is
 charged the prompt tokens the replica prefilled). The token bucket is corrected with the same
@@ -45,7 +46,7 @@ from django.conf import settings
 
 from billing.leases import UsageLease
 from billing.models import UsageRecord
-from billing.services import UsageEvent, record_usage
+from billing.services import UsageEvent, queue_pending_usage, record_usage
 from inference.admission import AdmissionQueue, QueueFull, QueueTimeout, Slot, Waiter
 from inference.canary import VersionChooser
 from inference.db_connection import release_db_connection
@@ -168,12 +169,23 @@ class Generation:
             keepalive.hold("idempotency", lambda: self._idempotency.refresh(claim))
         usage_lease = UsageLease(self._redis, self._key_prefix, prepared.request_id,
                                  settings.BILLING_LEASE_TTL_SECONDS)
+        opened = False
+
+        def open_usage(pipe):  # the usage lease and pending event ride on the admission call
+            nonlocal opened
+            opened = True
+            return queue_pending_usage(pipe, pending_event(prepared), usage_lease)
+
         try:
-            await _open_usage(prepared, usage_lease)
             while True:
                 tried: set[int] = set()
                 try:
-                    admission = await self._admit(current)
+                    try:
+                        admission = await self._admit(current, None if opened else open_usage)
+                    finally:
+                        if not opened:  # no admission call (no replica), or it failed before
+                            opened = True
+                            await _open_usage(prepared, usage_lease)
                     slot = admission.slot
                     if slot is not None:
                         keepalive.hold("slot", slot.refresh)
@@ -216,10 +228,11 @@ class Generation:
             await asyncio.shield(self._finish(current, outcome, result, slot, keepalive,
                                               usage_lease))
 
-    async def _admit(self, prepared: PreparedRequest) -> Admission:
+    async def _admit(self, prepared: PreparedRequest, also=None) -> Admission:
         """A slot of the model version in its model's admission queue (one per model, shared by
         its versions); no slot when no replica is ready (routing then answers 503). Raises 503
-        when the queue is full or the tier's wait bound passes."""
+        when the queue is full or the tier's wait bound passes. `also(pipe)` queues more
+        commands on the admission's round trip (the usage lease and pending event)."""
         model_version_id = prepared.target.model_version_id
         router = self._router
         num_ready = await router.num_ready(model_version_id)
@@ -247,7 +260,7 @@ class Generation:
                 prepared.target.model_name, model_version_id, waiter,
                 capacity=num_ready * settings.ADMISSION_SLOTS_PER_REPLICA,
                 headroom=num_ready * settings.ADMISSION_HEADROOM_SLOTS_PER_REPLICA,
-                refresh=capacity if cold else None)
+                refresh=capacity if cold else None, also=also)
         except QueueFull:
             raise ServiceUnavailable(
                 f"'{prepared.target.model_name}' is at capacity and its queue is full; retry "
@@ -384,11 +397,11 @@ class Generation:
 async def _open_usage(prepared: PreparedRequest, usage_lease: UsageLease) -> None:
     """The usage lease, then the pending usage event: from here on the request is billed even
     if this process dies (the reaper finalises it)."""
-    await usage_lease.hold()
-    try:
-        await record_usage(pending_event(prepared))
+    try:  # one round trip: the lease's SET, then the event
+        await record_usage(pending_event(prepared), lease=usage_lease)
     except Exception:  # noqa: BLE001 - the final event still bills it
         logger.exception("pending usage for %s was not recorded", prepared.request_id)
+    usage_lease.keep()
 
 
 async def _release_slot(slot: Slot | None, prepared: PreparedRequest) -> None:

@@ -23,10 +23,10 @@ from django.conf import settings
 
 from inference.canary import VersionChooser, sticky_key
 from inference.endpoints import EndpointKind
-from inference.errors import ApiError, NotFound, PayloadTooLarge, Unauthorized
+from inference.errors import ApiError, NotFound, PayloadTooLarge, RateLimited, Unauthorized
 from inference.idempotency import IdempotencyStore, Replay, fingerprint, validate_key
 from inference.json_body import decode_json
-from inference.key_ratelimit import check_key_rate
+from inference.key_ratelimit import KeyRate, count_alone, key_rate
 from inference.observability.request_ids import request_id_for_usage
 from inference.prompts import max_tokens_for
 from inference.quota import admit, current_headers
@@ -34,7 +34,7 @@ from inference.request import PreparedRequest, Replayed
 from inference.router import ServingCatalog
 from inference.schemas import parse_request
 from llm_platform.logging import bind_request_context
-from tenants.auth import AuthenticationFailed, Principal, authenticate, bearer_token
+from tenants.auth import AuthenticationFailed, KeyAuthenticator, Principal, bearer_token
 from tenants.buckets import TokenBuckets
 from tenants.selectors import LimitsCache
 
@@ -61,10 +61,11 @@ class Submission:
 
 
 class Preparation:
-    def __init__(self, *, redis, key_prefix: str, catalog: ServingCatalog,
-                 versions: VersionChooser, idempotency: IdempotencyStore, limits: LimitsCache,
-                 buckets: TokenBuckets):
-        self._redis = redis  # the API key cache (tenants.auth)
+    def __init__(self, *, auth: KeyAuthenticator, redis, key_prefix: str,
+                 catalog: ServingCatalog, versions: VersionChooser,
+                 idempotency: IdempotencyStore, limits: LimitsCache, buckets: TokenBuckets):
+        self._auth = auth
+        self._redis = redis  # the key's rate when it is counted on its own
         self._key_prefix = key_prefix
         self._catalog = catalog
         self._versions = versions
@@ -79,9 +80,7 @@ class Preparation:
             raise Unauthorized("Missing API key: send 'Authorization: Bearer <key>'.",
                                code="missing_api_key")
         try:
-            return await authenticate(token, self._redis, self._key_prefix,
-                                      settings.API_KEY_CACHE_SECONDS,
-                                      settings.API_KEY_NEGATIVE_CACHE_SECONDS)
+            return await self._auth.authenticate(token)
         except AuthenticationFailed as exc:
             raise Unauthorized(str(exc)) from exc
 
@@ -93,21 +92,44 @@ class Preparation:
             if submission.declared_length > settings.API_MAX_BODY_BYTES:
                 raise PayloadTooLarge(
                     f"The request body exceeds {settings.API_MAX_BODY_BYTES} bytes.")
-            await check_key_rate(principal.api_key_id)
-            return await self.prepare_as(kind, principal, decode_body(submission.read_body()),
-                                         submission.idempotency_key,
-                                         submission.conversation_id)
+            return await self.prepare_for_key(kind, principal,
+                                              decode_body(submission.read_body()),
+                                              submission.idempotency_key,
+                                              submission.conversation_id)
         except ApiError as exc:
             await self._add_quota_headers(exc, principal)
             raise
 
+    async def prepare_for_key(self, kind: EndpointKind, principal: Principal, body: object,
+                              idempotency_key: str | None,
+                              conversation_id: str | None = None) -> PreparedRequest | Replayed:
+        """`prepare_as` for a principal authenticated by its API key (HTTP and WebSocket
+        alike): the request counts against the key's rate, in the buckets' own call, else on
+        its own (inference/key_ratelimit.py)."""
+        rate = key_rate(self._key_prefix, principal.api_key_id)
+        try:
+            outcome = await self.prepare_as(kind, principal, body, idempotency_key,
+                                            conversation_id, key_rate=rate)
+        except Exception:
+            if rate is not None and not rate.counted:
+                try:
+                    await count_alone(self._redis, rate)  # over the rate: its 429 comes first
+                except RateLimited:
+                    raise
+                except Exception:  # noqa: BLE001 - Redis trouble: the request's own error stands
+                    pass
+            raise
+        if rate is not None and not rate.counted:  # a replay
+            await count_alone(self._redis, rate)
+        return outcome
+
     async def prepare_as(self, kind: EndpointKind, principal: Principal, body: object,
-                         idempotency_key: str | None,
-                         conversation_id: str | None = None) -> PreparedRequest | Replayed:
-        """A decoded body for a principal already authenticated (by `prepare`, the WebSocket
-        consumer, or the dashboard's login for its playground). The caller has counted the key's
-        rate. `conversation_id` keeps a conversation on one version while a canary rollout
-        runs."""
+                         idempotency_key: str | None, conversation_id: str | None = None,
+                         key_rate: KeyRate | None = None) -> PreparedRequest | Replayed:
+        """A decoded body for a principal already authenticated (by `prepare_for_key`, or the
+        dashboard's login for its playground). `conversation_id` keeps a conversation on one
+        version while a canary rollout runs; `key_rate`: counted with the buckets when the
+        request gets that far."""
         request = parse_request(kind, body)
         bind_request_context(tenant_id=principal.tenant_id, model=request.model)
         stable = await self._catalog.get(request.model, principal.tenant_id)
@@ -129,7 +151,8 @@ class Preparation:
                                 quota_headers=await current_headers(self._buckets, limits))
             claim = outcome
         try:
-            charge = await admit(self._buckets, limits, len(prompt.token_ids), max_tokens)
+            charge = await admit(self._buckets, limits, len(prompt.token_ids), max_tokens,
+                                 key_rate)
         except BaseException:  # refused (429/400) or broken: the client may retry with the key
             if claim is not None:
                 await asyncio.shield(self._idempotency.abandon(claim))
