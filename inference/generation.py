@@ -44,7 +44,6 @@ from inference.errors import InvalidRequest, ModelFailed, ReplicaDied, ReplicaFa
 from inference.keepalive import KeepAlive
 from inference.observability.generation_metrics import observe_generation
 from inference.pipeline import Prepared, record_fallback, retarget
-from inference.quota import settle
 from inference.replica_client import (
     ReplicaChunk,
     ReplicaDead,
@@ -54,9 +53,10 @@ from inference.replica_client import (
     ReplicaStreamError,
     ReplicaUnavailable,
 )
-from inference.request_metering import Attempt, Tokens, computed_tokens, pending_event
+from inference.request_metering import (Attempt, Ending, Tokens, computed_tokens, end_request,
+                                        pending_event)
 from inference.prefix_index import prompt_block_hashes
-from inference.router import NoReplicaReady, RouteRequest
+from inference.router import Lease, NoReplicaReady, RouteRequest
 from models_registry.selectors import can_cold_start
 from inference.fallbacks import FAILED, UNAVAILABLE
 
@@ -109,6 +109,7 @@ class _Progress:
     status: str = UsageRecord.Status.FAILED
     attempts: list[Attempt] = field(default_factory=list)
     admitted_at: float | None = None  # when the (last) admission slot was granted
+    served: Lease | None = None  # the router lease of the replica that sent the final chunk
 
 
 def replica_request(prepared: Prepared) -> ReplicaRequest:
@@ -361,12 +362,12 @@ async def _stream(container: Container, prepared: Prepared, progress: _Progress,
             continue
         finally:
             keepalive.drop("lease")
-            await _bounded(lease.release(), "lease release", prepared.request_id)
+            if progress.final is None:
+                await _bounded(lease.release(), "lease release", prepared.request_id)
+            else:  # released with the rest of the request's end (`end_request`)
+                progress.served = lease
         if progress.final is None:
             raise ReplicaFailed("The replica ended the stream without a final response.")
-        await _report(container.router.finished(
-            lease, progress.final.num_input_tokens or len(prepared.prompt_token_ids),
-            progress.final.num_cached_tokens))
         return
 
 
@@ -380,7 +381,6 @@ async def _finish(container: Container, prepared: Prepared, progress: _Progress,
                   result: Result | None, slot: Slot | None, keepalive: KeepAlive,
                   usage_lease: UsageLease) -> None:
     await keepalive.stop()
-    await _release_slot(slot, prepared)
     if prepared.claim is not None:  # on failure the pending key expires (its TTL)
         if result is not None:
             step = container.idempotency.complete(prepared.claim, result.to_dict())
@@ -391,19 +391,11 @@ async def _finish(container: Container, prepared: Prepared, progress: _Progress,
                                    progress.attempts, settings.BILLING_REPLICA_USAGE_WAIT_SECONDS)
     now = container.clock()
     event = _usage_event(prepared, progress, tokens, now)
-    # Charged what it used, whatever the end (finished, failed, cancelled); on failure the
-    # bucket keeps the estimate, which refills anyway.
-    await _bounded(settle(container.buckets, prepared.charge,
-                          event.input_tokens + event.output_tokens),
-                   "quota correction", prepared.request_id)
     observe_generation(container, prepared, event, progress.started, progress.admitted_at)
-    try:
-        await record_usage(event)
-    except Exception:  # noqa: BLE001 - the lease expires and the reaper finalises the row
-        logger.exception("usage for %s was not recorded", prepared.request_id)
-        usage_lease.abandon()
-        return
-    await usage_lease.release()
+    # One round trip: router lease, routing counters, slot, token bucket, final event, lease.
+    await end_request(container.redis, container.router, container.buckets,
+                      Ending(prepared, event, usage_lease, slot, progress.served, progress.final),
+                      settings.CLEANUP_STEP_TIMEOUT_SECONDS)
 
 
 def _usage_event(prepared: Prepared, progress: _Progress, tokens: Tokens,
