@@ -35,6 +35,7 @@ _FIELD_OF_STAT = {
     "num_running": "running_seqs",
     "num_waiting": "waiting_seqs",
     "num_free_blocks": "kv_free_blocks",
+    "num_free_uncached_blocks": "kv_free_uncached_blocks",
     "num_total_blocks": "kv_total_blocks",
     "prefix_hit_tokens": "prefix_hit_tokens",
     "prompt_tokens": "prompt_tokens",
@@ -52,7 +53,8 @@ _LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{[^}]*\})?\s+(\S+)", re.M)
 class ReplicaSignals:
     running_seqs: int | None = None
     waiting_seqs: int | None = None
-    kv_free_blocks: int | None = None
+    kv_free_blocks: int | None = None  # cached prefixes included
+    kv_free_uncached_blocks: int | None = None  # free without evicting a cached prefix
     kv_total_blocks: int | None = None
     prefix_hit_tokens: int | None = None
     prompt_tokens: int | None = None

@@ -371,6 +371,7 @@ class Router:
             candidates.append(Candidate(
                 r, loads[r.replica_id], prefix_blocks=prefix[r.replica_id],
                 kv_free_blocks=s.kv_free_blocks if s else None,
+                kv_free_uncached_blocks=s.kv_free_uncached_blocks if s else None,
                 kv_total_blocks=s.kv_total_blocks if s else None,
                 waiting_seqs=s.waiting_seqs if s else None))
         return RouteRequest(request.tenant_id, request.num_prompt_tokens, request.max_tokens,

@@ -4,7 +4,8 @@ Triton's own `nv_inference_*` metrics do not see streaming work, so the router a
 these instead. Names (labels: model, version):
 
   replica_running_seqs, replica_waiting_seqs            gauges
-  replica_kv_free_blocks, replica_kv_total_blocks       gauges
+  replica_kv_free_blocks, replica_kv_total_blocks       gauges (free: cached prefixes included)
+  replica_kv_free_uncached_blocks                       gauge: free without evicting a prefix
   replica_prefix_cache_hit_tokens_total                 counter
   replica_prompt_tokens_total                           counter
   replica_generated_tokens_total                        counter
@@ -26,7 +27,9 @@ from typing import Any
 GAUGES = {
     "replica_running_seqs": ("num_running", "Sequences in the running batch"),
     "replica_waiting_seqs": ("num_waiting", "Sequences waiting to be scheduled"),
-    "replica_kv_free_blocks": ("num_free_blocks", "Free KV cache blocks"),
+    "replica_kv_free_blocks": ("num_free_blocks", "Free KV cache blocks (cached prefixes included)"),
+    "replica_kv_free_uncached_blocks": ("num_free_uncached_blocks",
+                                        "Free KV cache blocks holding no cached prefix"),
     "replica_kv_total_blocks": ("num_total_blocks", "Total KV cache blocks"),
 }
 COUNTERS = {

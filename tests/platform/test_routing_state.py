@@ -107,6 +107,7 @@ def test_parse_metrics_reads_the_replicas_port():
     text = """# HELP replica_kv_free_blocks Free KV cache blocks
 # TYPE replica_kv_free_blocks gauge
 replica_kv_free_blocks{model="chat-small",version="1"} 120
+replica_kv_free_uncached_blocks{model="chat-small",version="1"} 90
 replica_kv_total_blocks{model="chat-small",version="1"} 200
 replica_waiting_seqs{model="chat-small",version="1"} 3
 replica_running_seqs{model="chat-small",version="1"} 2
@@ -114,8 +115,8 @@ replica_prefix_cache_hit_tokens_total{model="chat-small",version="1"} 4096
 nv_inference_count{model="chat-small",version="1"} 9
 """
     assert parse_metrics(text) == ReplicaSignals(
-        running_seqs=2, waiting_seqs=3, kv_free_blocks=120, kv_total_blocks=200,
-        prefix_hit_tokens=4096)
+        running_seqs=2, waiting_seqs=3, kv_free_blocks=120, kv_free_uncached_blocks=90,
+        kv_total_blocks=200, prefix_hit_tokens=4096)
 
 
 def test_parse_info_reads_what_the_engine_runs():
