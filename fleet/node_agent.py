@@ -44,6 +44,7 @@ from fleet.gpus import Gpu, discover as discover_gpus
 from fleet.lifecycle import transition
 from models_registry.models import Replica
 from fleet.nodes import heartbeat, register_node
+from replica.weights_cache import cache_dir as weights_cache_dir, cached_path, check_remote
 from replica.weights_cache import fetch as fetch_weights, is_remote
 from replica.access import LOOPBACK, TOKEN_ENV, is_loopback
 
@@ -225,6 +226,7 @@ class NodeAgent:
         self._warm_up = warm_up or (lambda address, model: asyncio.run(
             _warm_up(address, model, config.access_token)))
         self._children: dict[int, Child] = {}
+        self._downloading: set[int] = set()  # replicas whose https weights are downloading
         self._lock = threading.Lock()
         self._stopped = threading.Event()
         self._heartbeat_thread = threading.Thread(target=self._heartbeat_loop, name="agent-heartbeat",
@@ -277,25 +279,63 @@ class NodeAgent:
     # ---- replicas -----------------------------------------------------------------------------
 
     def start_replica(self, replica_id: int) -> bool:
+        """Launch a loading replica of this node. Weights over https that are not cached yet are
+        downloaded on a thread of their own (the replica stays loading; the launch follows), so
+        this task's thread is free for the next start or stop at once."""
         replica = Replica.objects.select_related("model_version__model").filter(
             pk=replica_id, node__name=self.config.name).first()
         if replica is None or replica.state != Replica.State.LOADING:
             logger.info("replica %s: not loading on %s; nothing to start", replica_id, self.config.name)
             return False
         with self._lock:
-            if replica_id in self._children:
+            if replica_id in self._children or replica_id in self._downloading:
                 return False
         from inference.tokenization import resolve_weights  # noqa: PLC0415
 
         version = replica.model_version
         try:
             if is_remote(version.weights_uri):  # once per node, verified (replica/weights_cache.py)
-                weights = str(fetch_weights(version.weights_uri, version.weights_sha256))
+                check_remote(version.weights_uri, version.weights_sha256)
+                cached = cached_path(version.weights_uri, version.weights_sha256, weights_cache_dir())
+                if not cached.is_file():
+                    with self._lock:
+                        self._downloading.add(replica_id)
+                    threading.Thread(target=self._download_then_launch, args=(replica,), daemon=True,
+                                     name=f"replica-{replica_id}-weights").start()
+                    return True
+                weights = str(cached)
             else:
                 weights = str(resolve_weights(version.weights_uri))
         except (OSError, ValueError) as exc:
             transition(replica_id, Replica.State.FAILED, f"weights unavailable: {exc}"[:300], self._now())
             return False
+        return self._launch(replica, weights)
+
+    def _download_then_launch(self, replica: Replica) -> None:
+        replica_id, version = replica.pk, replica.model_version
+        try:
+            logger.info("replica %s: downloading %s", replica_id, version.weights_uri)
+            try:
+                weights = str(fetch_weights(version.weights_uri, version.weights_sha256))
+            except (OSError, ValueError) as exc:
+                transition(replica_id, Replica.State.FAILED, f"weights unavailable: {exc}"[:300], self._now())
+                return
+            state = Replica.objects.filter(pk=replica_id).values_list("state", flat=True).first()
+            if state != Replica.State.LOADING or self._stopped.is_set():  # stopped while downloading
+                transition(replica_id, Replica.State.STOPPED, "stopped while its weights downloaded",
+                           self._now(), only_from=(Replica.State.DRAINING, Replica.State.FAILED))
+                return
+            self._launch(replica, weights)
+        except Exception as exc:  # noqa: BLE001 - the replica must not stay loading forever
+            logger.exception("replica %s: start after download failed", replica_id)
+            transition(replica_id, Replica.State.FAILED, f"start failed: {exc}"[:300], self._now())
+        finally:
+            with self._lock:
+                self._downloading.discard(replica_id)
+            connection.close()
+
+    def _launch(self, replica: Replica, weights: str) -> bool:
+        replica_id, version = replica.pk, replica.model_version
         try:
             with self._lock:
                 taken = {port for c in self._children.values() for port in c.ports}

@@ -10,7 +10,6 @@ these instead. Names (labels: model, version):
   replica_prompt_tokens_total                           counter
   replica_generated_tokens_total                        counter
   replica_preemptions_total                             counter
-  replica_interrupted_steps_total                       counter
   replica_engine_info                                   gauge, always 1; labels also dtype and
                                                         quantization: what the engine runs
   replica_engine_alive                                  gauge: 1 while the engine loop runs, 0
@@ -39,8 +38,6 @@ COUNTERS = {
                                     "recompute not counted again): what requests are billed"),
     "replica_generated_tokens_total": ("generated_tokens", "Tokens generated"),
     "replica_preemptions_total": ("num_preemptions", "Sequences preempted (recompute)"),
-    "replica_interrupted_steps_total": ("num_interrupted_steps",
-                                        "Steps cut short for a lighter tenant's newcomer"),
 }
 
 INFO = "replica_engine_info"
