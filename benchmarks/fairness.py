@@ -49,6 +49,7 @@ from dataclasses import dataclass
 import httpx
 
 from benchmarks.fleet import REPO, _start, _wait, start_fleet
+from benchmarks.stream_client import percentile
 from scripts.services import free_port
 
 SUBJECTS = ["a lighthouse", "a fox", "the moon", "a robot", "a river", "an old clock"]
@@ -73,14 +74,6 @@ class Sample:
     ttft_s: float
     output_tokens: int
     error_code: str = ""
-
-
-def percentile(values: list[float], q: float) -> float:
-    """Nearest rank: the smallest value with at least q % of the values at or below it."""
-    ordered = sorted(values)
-    if not ordered:
-        return float("nan")
-    return ordered[min(len(ordered) - 1, max(0, math.ceil(q / 100 * len(ordered)) - 1))]
 
 
 async def one_request(http: httpx.AsyncClient, base_url: str, tenant: str, key: str,

@@ -198,22 +198,9 @@ def _die_with_parent() -> None:
 
 async def _warm_up(grpc_address: str, model_name: str, access_token: str) -> None:
     """One short generation through the platform's own client: the replica answers for real."""
-    from inference.replica_client import ReplicaRequest  # noqa: PLC0415
-    from inference.triton_client import TritonReplicaClient  # noqa: PLC0415
+    from inference.triton_client import warm_up  # noqa: PLC0415
 
-    client = TritonReplicaClient(first_token_timeout=120.0, token_timeout=60.0,
-                                 access_token=access_token)
-    try:
-        request = ReplicaRequest(request_id=f"warmup-{os.getpid()}-{time.monotonic_ns()}",
-                                 model_name=model_name, prompt_text="Hello", prompt_token_ids=None,
-                                 max_tokens=2, temperature=0.0, top_p=1.0, seed=0, stop=(),
-                                 priority=0, tenant="warmup")
-        async for chunk in client.stream(grpc_address, request):
-            if chunk.final:
-                return
-        raise RuntimeError("warm-up stream ended without a final response")
-    finally:
-        await client.close()
+    await warm_up(grpc_address, model_name, access_token)
 
 
 class NodeAgent:

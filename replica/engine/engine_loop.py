@@ -232,11 +232,6 @@ class EngineLoop:
             return self._state == _DEAD
 
     @property
-    def error(self) -> BaseException | None:
-        with self._cond:
-            return self._error
-
-    @property
     def num_open(self) -> int:
         with self._cond:
             return len(self._open)

@@ -61,7 +61,7 @@ class ScriptedEngine:
         if self.fail_on_step is not None and self.num_steps >= self.fail_on_step:
             raise RuntimeError("kaboom")
         if self.step_sleep_s:
-            time.sleep(self.step_sleep_s)
+            time.sleep(self.step_sleep_s)  # the scripted engine's step time
         outputs = []
         for request_id, state in list(self.requests.items()):
             state[2] += 1
@@ -188,7 +188,7 @@ def test_idle_loop_sleeps_instead_of_spinning(loop, engine):
     loop.submit("a", [1], greedy(2), on_output=got("a"))
     got.wait("a")
     steps = engine.num_steps
-    time.sleep(0.1)
+    time.sleep(0.1)  # an observation window: nothing may happen in it (no event to wait for)
     assert engine.num_steps == steps
 
 

@@ -164,13 +164,14 @@ def scrape(metrics_url: str) -> dict[str, float]:
     return {m.group(1): float(m.group(2)) for m in re.finditer(r"^replica_(\w+)\{[^}]*\} (\S+)$", text, re.M)}
 
 
-async def wait_for_metrics(metrics_url: str, predicate, timeout_s: float = 30.0) -> dict[str, float]:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        values = await asyncio.to_thread(scrape, metrics_url)
-        if predicate(values) or time.monotonic() > deadline:
-            return values
-        await asyncio.sleep(0.1)
+async def wait_for_metrics(metrics_url: str, predicate, what: str,
+                           timeout_s: float = 30.0) -> dict[str, float]:
+    """The replica's metrics once `predicate` holds on them (a named poll: fails naming `what`)."""
+    async def values() -> dict[str, float] | None:
+        scraped = await asyncio.to_thread(scrape, metrics_url)
+        return scraped if predicate(scraped) else None
+
+    return await async_wait_until(values, timeout_s, what, period_s=0.1)
 
 
 @pytest.mark.asyncio
@@ -186,7 +187,7 @@ async def test_concurrent_streams_interleave_and_match_solo(replica):
     async def sample_running():
         while not stop.is_set():
             peak["running"] = max(peak["running"], (await asyncio.to_thread(scrape, replica.metrics_url))["running_seqs"])
-            await asyncio.sleep(0.05)
+            await asyncio.sleep(0.05)  # a sampler of the peak while the streams run, not a wait
 
     sampler = asyncio.create_task(sample_running())
     together = await asyncio.gather(*(generate(client, prompt, max_tokens) for prompt in PROMPTS))
@@ -219,12 +220,12 @@ async def test_cancelled_stream_frees_its_blocks(replica):
     during = await wait_for_metrics(
         replica.metrics_url,
         lambda m: m["kv_free_blocks"] < m["kv_total_blocks"] or m["running_seqs"] >= 1,
-        timeout_s=10.0)
+        "the live sequence in the replica's gauges", timeout_s=10.0)
     stream.cancel()
     after = await wait_for_metrics(
         replica.metrics_url,
         lambda m: m["running_seqs"] == 0 and m["waiting_seqs"] == 0 and m["kv_free_blocks"] == m["kv_total_blocks"],
-    )
+        "the cancelled sequence's blocks freed")
     await client.close()
     assert during["kv_free_blocks"] < during["kv_total_blocks"] or during["running_seqs"] >= 1
     assert after["running_seqs"] == 0 and after["waiting_seqs"] == 0

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import struct
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -201,10 +201,6 @@ class GGUFReader:
             raise ValueError(f"{self.path}: tensor {name}: {e}") from e
         values = values.reshape(shape)
         return values if axis == 0 else np.ascontiguousarray(values[:, trim])
-
-    def tensors(self) -> Iterator[tuple[str, np.ndarray]]:
-        for name in self.tensor_infos:
-            yield name, self.load(name)
 
     def _info(self, name: str) -> GGUFTensorInfo:
         try:
