@@ -34,6 +34,12 @@ def queue_pending_usage(pipe, event: UsageEvent, lease: UsageLease):
     return current_recorder().queue_pending(pipe, event, lease)
 
 
+def queue_final_usage(batch, event: UsageEvent, lease: UsageLease):
+    """A request's final event and the deletion of its usage lease queued on a
+    `common.pipelines.Batch` (billing/stream.py `queue_final`); returns its `finish`."""
+    return current_recorder().queue_final(batch, event, lease)
+
+
 _COLUMNS = [  # (column, PostgreSQL array type, value)
     ("request_id", "varchar", lambda e: e.request_id),
     ("tenant_id", "bigint", lambda e: e.tenant_id),

@@ -26,6 +26,14 @@ logger = logging.getLogger(__name__)
 GROUP = "billing"
 FIELD = "e"  # one field per entry: the event's JSON
 
+# KEYS: the stream, the request's usage lease. ARGV: the field, the event's JSON. The lease is
+# deleted only once the event is in the stream: a refused XADD (e.g. Redis out of memory)
+# stops the script before the DEL.
+_FINAL = """
+redis.call('XADD', KEYS[1], '*', ARGV[1], ARGV[2])
+return redis.call('DEL', KEYS[2])
+"""
+
 
 @dataclass(frozen=True)
 class StreamKeys:
@@ -54,6 +62,7 @@ class UsageRecorder:
         # unresponsive, which costs a whole timeout per try) requests go straight to the outbox.
         self.retry_after_s = retry_after_s
         self._down_until = float("-inf")
+        self._final = None  # the _FINAL script, registered on first use
 
     async def record(self, event: UsageEvent, lease: UsageLease | None = None) -> None:
         """`lease`: the request's usage lease, set in the same round trip just before the
@@ -103,6 +112,36 @@ class UsageRecorder:
             await lease.set()
             lease.keep()
             await asyncio.to_thread(self.outbox.append, [event])
+        return finish
+
+    def queue_final(self, batch, event: UsageEvent, lease: UsageLease):
+        """A request's final event and the end of its usage lease, queued on a
+        `common.pipelines.Batch` with the rest of the request's end (one round trip). Returns
+        the batch's `finish`: when the event did not reach the stream it goes to the outbox,
+        as `record` would, and then the lease is released; if even the outbox fails, the
+        lease expires and the reaper finalises the row."""
+        now = self.clock()
+        event = event.stamped(now)
+        lease.abandon()
+        queued = now >= self._down_until
+        if queued:
+            if self._final is None:
+                self._final = self.client.register_script(_FINAL)
+            batch.script(self._final, [self.keys.stream, lease.key], [FIELD, event.to_json()])
+
+        async def finish(results: list) -> None:
+            if queued and not isinstance(results[0], BaseException):
+                return
+            if queued:
+                self._down_until = self.clock() + self.retry_after_s
+                logger.warning("usage stream unavailable (%s); events go to the outbox for "
+                               "%.1f s", results[0], self.retry_after_s)
+            try:
+                await asyncio.to_thread(self.outbox.append, [event])
+            except Exception:  # noqa: BLE001 - the lease expires and the reaper finalises
+                logger.exception("usage for %s was not recorded", event.request_id)
+                return
+            await lease.release()
         return finish
 
     async def close(self) -> None:

@@ -9,9 +9,10 @@ rare second run, which repeats the pipeline's other commands, so they must bear 
 """
 from __future__ import annotations
 
-from typing import Callable, Sequence, TypeVar
+import asyncio
+from typing import Awaitable, Callable, Sequence, TypeVar
 
-from redis.exceptions import NoScriptError
+from redis.exceptions import NoScriptError, RedisError
 
 T = TypeVar("T")
 
@@ -36,3 +37,52 @@ async def execute(redis, build: Callable[[object], T], scripts: Sequence) -> tup
             for script in scripts:
                 await redis.script_load(script.script)
     raise AssertionError("unreachable")
+
+
+Finish = Callable[[list], Awaitable[None]]
+
+
+class Batch:
+    """Commands of several parts (each its own module's) on one pipeline: one round trip.
+
+    `add(queue)` calls `queue(batch)`, which queues its commands (`batch.pipe`, or
+    `batch.script` for a registered script) and returns a `finish(results)` (or None), awaited
+    by `execute` with that part's own results, or with `[exc]` when the whole pipeline failed.
+    A script Redis answers NOSCRIPT for (it restarted or flushed its cache) is run again on its
+    own; nothing else is sent twice. Errors of single commands come back as exceptions among
+    the results (never raised)."""
+
+    def __init__(self, redis):
+        self.pipe = redis.pipeline(transaction=False)
+        self._scripts: dict[int, tuple] = {}  # command index -> (script, keys, args)
+        self._parts: list[tuple[int, int, Finish]] = []
+
+    def script(self, script, keys: Sequence, args: Sequence) -> None:
+        self._scripts[len(self.pipe.command_stack)] = (script, list(keys), list(args))
+        queue_script(self.pipe, script, keys, args)
+
+    def add(self, queue: Callable[["Batch"], Finish | None]) -> None:
+        start = len(self.pipe.command_stack)
+        finish = queue(self)
+        if finish is not None:
+            self._parts.append((start, len(self.pipe.command_stack), finish))
+
+    async def execute(self, timeout_s: float) -> None:
+        """Send, then await every part's `finish`. Past `timeout_s` the pipeline counts as
+        failed (its commands may still have run: a part's fallback must bear that)."""
+        try:
+            results = (await asyncio.wait_for(self.pipe.execute(raise_on_error=False),
+                                              timeout_s)
+                       if self.pipe.command_stack else [])
+        except (RedisError, OSError, asyncio.TimeoutError) as exc:
+            for _, _, finish in self._parts:
+                await finish([exc])
+            return
+        for index, (script, keys, args) in self._scripts.items():
+            if isinstance(results[index], NoScriptError):
+                try:
+                    results[index] = await script(keys=keys, args=args)
+                except (RedisError, OSError) as exc:
+                    results[index] = exc
+        for start, end, finish in self._parts:
+            await finish(results[start:end])

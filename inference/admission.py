@@ -36,6 +36,7 @@ tenant and version from them), so tenant names must not contain ':'.
 from __future__ import annotations
 
 import asyncio
+import logging
 import uuid
 from dataclasses import dataclass
 from typing import Awaitable, Callable
@@ -45,6 +46,8 @@ from redis.exceptions import NoScriptError
 
 from common.pipelines import queue_script
 from inference.admission_wakeups import WakeUps
+
+logger = logging.getLogger(__name__)
 
 # Wait-time histogram bounds (ms); the last bucket is +Inf.
 WAIT_BUCKETS_MS = (10, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000)
@@ -285,6 +288,18 @@ class Slot:
 
     async def release(self) -> None:
         await self.queue.leave(self.model, self.ticket)
+
+    def queue_release(self, batch):
+        """`release` queued on a `common.pipelines.Batch` (the request's end); on failure
+        the slot's lease expires."""
+        batch.script(self.queue._leave, self.queue.keys(self.model),
+                     [*self.queue._common_args(self.model), self.ticket, ""])
+
+        async def finish(results: list) -> None:
+            if isinstance(results[0], BaseException):
+                logger.warning("admission slot %s not released (%r); it expires", self.ticket,
+                               results[0])
+        return finish
 
     async def refresh(self) -> bool:
         """Extend the lease by the queue's slot TTL; False if it had expired (reclaimed)."""

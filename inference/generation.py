@@ -61,7 +61,6 @@ from inference.idempotency import IdempotencyStore
 from inference.keepalive import KeepAlive
 from inference.observability.generation_metrics import observe_generation
 from inference.prefix_index import prompt_block_hashes
-from inference.quota import settle
 from inference.replica_client import (
     ReplicaChunk,
     ReplicaClient,
@@ -73,8 +72,9 @@ from inference.replica_client import (
     ReplicaUnavailable,
 )
 from inference.request import Delta, Done, PreparedRequest, Result
-from inference.request_metering import Attempt, Tokens, computed_tokens, pending_event
-from inference.router import NoReplicaReady, RouteRequest, Router
+from inference.request_metering import (Attempt, Ending, Tokens, computed_tokens, end_request,
+                                        pending_event)
+from inference.router import Lease, NoReplicaReady, RouteRequest, Router
 from models_registry.selectors import can_cold_start
 from tenants.buckets import TokenBuckets
 
@@ -102,6 +102,7 @@ class StreamOutcome:
     status: str = UsageRecord.Status.FAILED
     attempts: list[Attempt] = field(default_factory=list)
     admitted_at: float | None = None  # when the (last) admission slot was granted
+    served: Lease | None = None  # the router lease of the replica that sent the final chunk
 
 
 def replica_request(prepared: PreparedRequest) -> ReplicaRequest:
@@ -357,19 +358,18 @@ class Generation:
                 continue
             finally:
                 keepalive.drop("lease")
-                await _bounded(lease.release(), "lease release", prepared.request_id)
+                if outcome.final is None:
+                    await _bounded(lease.release(), "lease release", prepared.request_id)
+                else:  # released with the rest of the request's end (`end_request`)
+                    outcome.served = lease
             if outcome.final is None:
                 raise ReplicaFailed("The replica ended the stream without a final response.")
-            await _report(router.finished(
-                lease, outcome.final.num_input_tokens or len(prepared.prompt_token_ids),
-                outcome.final.num_cached_tokens))
             return
 
     async def _finish(self, prepared: PreparedRequest, outcome: StreamOutcome,
                       result: Result | None, slot: Slot | None, keepalive: KeepAlive,
                       usage_lease: UsageLease) -> None:
         await keepalive.stop()
-        await _release_slot(slot, prepared)
         if prepared.claim is not None:  # on failure the pending key expires (its TTL)
             if result is not None:
                 step = self._idempotency.complete(prepared.claim, result.to_dict())
@@ -379,19 +379,13 @@ class Generation:
         tokens = await computed_tokens(self._replicas, prepared.request_id, outcome.attempts,
                                        settings.BILLING_REPLICA_USAGE_WAIT_SECONDS)
         event = _usage_event(prepared, outcome, tokens, self._clock())
-        # Charged what it used, whatever the end (finished, failed, cancelled); on failure the
-        # bucket keeps the estimate, which refills anyway.
-        await _bounded(settle(self._buckets, prepared.charge,
-                              event.input_tokens + event.output_tokens),
-                       "quota correction", prepared.request_id)
         observe_generation(prepared, event, outcome.started, outcome.admitted_at)
-        try:
-            await record_usage(event)
-        except Exception:  # noqa: BLE001 - the lease expires and the reaper finalises the row
-            logger.exception("usage for %s was not recorded", prepared.request_id)
-            usage_lease.abandon()
-            return
-        await usage_lease.release()
+        # One round trip: router lease, routing counters, slot, token bucket (charged what it
+        # used, whatever the end), the final usage event, the usage lease.
+        await end_request(self._redis, self._router, self._buckets,
+                          Ending(prepared, event, usage_lease, slot, outcome.served,
+                                 outcome.final),
+                          settings.CLEANUP_STEP_TIMEOUT_SECONDS)
 
 
 async def _open_usage(prepared: PreparedRequest, usage_lease: UsageLease) -> None:

@@ -52,7 +52,8 @@ class Candidate:
     # Leading blocks of this request the replica recently received (the prefix index).
     prefix_blocks: int = 0
     # From the replica's metrics port; None when unknown or stale.
-    kv_free_blocks: int | None = None
+    kv_free_blocks: int | None = None  # cached prefixes included (taking those evicts them)
+    kv_free_uncached_blocks: int | None = None  # free without evicting a cached prefix
     kv_total_blocks: int | None = None
     waiting_seqs: int | None = None
 
@@ -149,25 +150,34 @@ class Balanced:
         score = outstanding tokens                      (the platform's live load)
               + prompt tokens not in its prefix cache   (the prefill this request adds there)
               + KV_WEIGHT x tokens that do not fit in its free KV blocks
+              + EVICT_WEIGHT x tokens that fit only by evicting cached prefixes
 
     A warm replica therefore wins until it holds about one prompt's worth more work than a cold
     one (the load guard is built in), and a replica that would have to evict or preempt to
-    admit the request is avoided. Unknown metrics (none polled yet, or stale) add nothing.
+    admit the request is avoided. A replica reports free blocks two ways: all of them, and those
+    holding no cached prefix; blocks taken beyond the latter evict prefixes the prefix index
+    (and so prefix placement) still counts on, so they cost as much as a prefill. Unknown
+    metrics (none polled yet, or stale; a replica reporting only all free blocks) add nothing.
     """
 
     name = "balanced"
     kv_weight = 2.0
+    evict_weight = 1.0
 
     def __init__(self, rng: random.Random):
         pass
 
     def score(self, request: RouteRequest, candidate: Candidate) -> float:
         miss = request.num_prompt_tokens - candidate.hit_tokens(request)
-        shortfall = 0
-        if candidate.kv_free_blocks is not None:
+        shortfall = evicted = 0
+        free, uncached = candidate.kv_free_blocks, candidate.kv_free_uncached_blocks
+        if free is not None:
             needed = request.num_blocks_needed - candidate.prefix_blocks
-            shortfall = max(0, needed - candidate.kv_free_blocks) * BLOCK_SIZE
-        return candidate.outstanding_tokens + miss + self.kv_weight * shortfall
+            shortfall = max(0, needed - free) * BLOCK_SIZE
+            if uncached is not None:
+                evicted = max(0, min(needed, free) - uncached) * BLOCK_SIZE
+        return (candidate.outstanding_tokens + miss + self.kv_weight * shortfall
+                + self.evict_weight * evicted)
 
     def choose(self, request: RouteRequest, candidates: list[Candidate]) -> Candidate:
         return best(request, candidates, lambda c: self.score(request, c))

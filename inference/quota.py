@@ -3,17 +3,20 @@
 The estimate is prompt tokens + max_tokens. `admit` charges it to the tenant's buckets or
 raises 429 (Retry-After: whole seconds until this request would fit), 400 (the estimate can
 never fit the token bucket) or 403 `tenant_suspended` (a limit of 0: nothing ever fits).
-`settle` corrects the tokens bucket with what the request used.
+`queue_settle` corrects the tokens bucket with what the request used.
 `current_headers` reports the buckets without charging, for replies that never reach `admit`.
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 from inference.errors import Forbidden, InvalidRequest, RateLimited
 from inference.key_ratelimit import KeyRate, refusal
 from tenants.buckets import BucketState, TokenBuckets
 from tenants.selectors import Limits
+
+logger = logging.getLogger(__name__)
 
 
 def format_duration(seconds: float) -> str:
@@ -46,7 +49,7 @@ async def current_headers(buckets: TokenBuckets, limits: Limits) -> dict[str, st
 
 @dataclass(frozen=True)
 class Charge:
-    """What a request was charged at admission; `settle` corrects it."""
+    """What a request was charged at admission; `queue_settle` corrects it."""
 
     limits: Limits
     estimated_tokens: int
@@ -89,6 +92,14 @@ async def admit(buckets: TokenBuckets, limits: Limits, num_prompt_tokens: int,
     return Charge(limits=limits, estimated_tokens=estimate, headers=headers)
 
 
-async def settle(buckets: TokenBuckets, charge: Charge, used_tokens: int) -> float:
-    """Refund the unused part of the estimate, or charge the excess (may go below zero)."""
-    return await buckets.correct(charge.limits, used_tokens - charge.estimated_tokens)
+def queue_settle(batch, buckets: TokenBuckets, charge: Charge, used_tokens: int):
+    """Refund the unused part of the estimate, or charge the excess (may go below zero);
+    queued on a `common.pipelines.Batch` with the rest of the request's end. On failure the
+    bucket keeps the estimate (it refills anyway)."""
+    buckets.queue_correct(batch, charge.limits, used_tokens - charge.estimated_tokens)
+
+    async def finish(results: list) -> None:
+        if isinstance(results[0], BaseException):
+            logger.warning("token bucket of tenant %s not settled (%r)",
+                           charge.limits.tenant_id, results[0])
+    return finish

@@ -34,6 +34,7 @@ _FIELD_OF_METRIC = {
     metric_names.RUNNING_SEQS: "running_seqs",
     metric_names.WAITING_SEQS: "waiting_seqs",
     metric_names.KV_FREE_BLOCKS: "kv_free_blocks",
+    metric_names.KV_FREE_UNCACHED_BLOCKS: "kv_free_uncached_blocks",
     metric_names.KV_TOTAL_BLOCKS: "kv_total_blocks",
     metric_names.PREFIX_CACHE_HIT_TOKENS: "prefix_hit_tokens",
     metric_names.PROMPT_TOKENS: "prompt_tokens",
@@ -47,7 +48,8 @@ _LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{[^}]*\})?\s+(\S+)", re.M)
 class ReplicaSignals:
     running_seqs: int | None = None
     waiting_seqs: int | None = None
-    kv_free_blocks: int | None = None
+    kv_free_blocks: int | None = None  # cached prefixes included
+    kv_free_uncached_blocks: int | None = None  # free without evicting a cached prefix
     kv_total_blocks: int | None = None
     prefix_hit_tokens: int | None = None
     prompt_tokens: int | None = None

@@ -14,9 +14,16 @@ import logging
 from dataclasses import dataclass
 
 from billing.events import UsageEvent
+from billing.leases import UsageLease
 from billing.models import UsageRecord
+from billing.services import queue_final_usage
+from common.pipelines import Batch
+from inference.admission import Slot
 from inference.request import PreparedRequest
+from inference.quota import queue_settle
 from inference.replica_client import ReplicaChunk, ReplicaClient, ReplicaError, ReplicaUsage
+from inference.router import Lease, Router
+from tenants.buckets import TokenBuckets
 
 logger = logging.getLogger(__name__)
 
@@ -90,3 +97,39 @@ async def computed_tokens(client: ReplicaClient, request_id: str, attempts: list
             continue
         total += Tokens.of(usage)
     return total
+
+
+@dataclass
+class Ending:
+    """What a request gives back and records at its end (`end_request`)."""
+
+    prepared: PreparedRequest
+    event: UsageEvent  # the final usage event
+    usage_lease: UsageLease
+    slot: Slot | None  # its admission slot, if it still holds one
+    served: Lease | None = None  # the router lease of the replica that sent the final chunk
+    final: ReplicaChunk | None = None
+
+
+async def end_request(redis, router: Router, buckets: TokenBuckets, ending: Ending,
+                      timeout_s: float) -> None:
+    """A request's end in one round trip (`common.pipelines.Batch`), in this order: the
+    serving replica's router lease gives its tokens back and the routing counters count the
+    request, the admission slot is freed (the pump hands it on), the token bucket is settled
+    with what was used (finished, failed or cancelled alike), the final usage event goes to
+    the stream and only then the usage lease is deleted (one script: exactly-once billing,
+    docs/billing.md). Each part falls back on its own when Redis fails: the leases and the
+    slot expire, the bucket keeps the estimate, the event goes to the outbox."""
+    prepared, event = ending.prepared, ending.event
+    batch = Batch(redis)
+    if ending.served is not None and ending.final is not None:
+        served, final = ending.served, ending.final
+        batch.add(lambda b: router.queue_finished(
+            b, served, final.num_input_tokens or len(prepared.prompt_token_ids),
+            final.num_cached_tokens))
+    if ending.slot is not None:
+        batch.add(ending.slot.queue_release)
+    batch.add(lambda b: queue_settle(b, buckets, prepared.charge,
+                                     event.input_tokens + event.output_tokens))
+    batch.add(lambda b: queue_final_usage(b, event, ending.usage_lease))
+    await batch.execute(timeout_s)

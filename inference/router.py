@@ -178,6 +178,12 @@ class OutstandingTokens:
         await self._adjust(keys=self.keys(model_version_id), args=[
             now, lease_id, str(replica_id), -abs(num_tokens), 0 if end else now + self._ttl_ms])
 
+    def queue_end(self, batch, model_version_id: int, lease_id: str, replica_id: int,
+                  num_tokens: int) -> None:
+        """`give_back(..., end=True)` queued on a `common.pipelines.Batch`."""
+        batch.script(self._adjust, self.keys(model_version_id),
+                     [self._now_ms(), lease_id, str(replica_id), -abs(num_tokens), 0])
+
     async def refresh(self, model_version_id: int, lease_id: str) -> bool:
         """Extend the lease; False when it is gone (ended or reclaimed)."""
         return bool(await self._redis.zadd(self.keys(model_version_id)[1],
@@ -218,6 +224,13 @@ class Lease:
             await self.counter.give_back(self.model_version_id, self.lease_id,
                                          self.replica.replica_id, held, end=True)
 
+    def queue_release(self, batch) -> None:
+        """`release` queued on a `common.pipelines.Batch` (the request's end)."""
+        held, self.held_tokens = self.held_tokens, 0
+        if held:
+            self.counter.queue_end(batch, self.model_version_id, self.lease_id,
+                                   self.replica.replica_id, held)
+
     async def refresh(self) -> bool:
         return await self.counter.refresh(self.model_version_id, self.lease_id)
 
@@ -227,6 +240,15 @@ async def _release_quietly(lease: Lease) -> None:
         await lease.release()
     except Exception:  # noqa: BLE001 - the lease expires instead
         logger.warning("lease %s not released; it expires", lease.lease_id)
+
+
+def _log_failures(what: str):
+    """A Batch `finish` that only logs the first failure among its results."""
+    async def finish(results: list) -> None:
+        failure = next((r for r in results if isinstance(r, BaseException)), None)
+        if failure is not None:
+            logger.warning("%s not recorded (%r); what it held expires", what, failure)
+    return finish
 
 
 class ReplicaDirectory:
@@ -349,6 +371,7 @@ class Router:
             candidates.append(Candidate(
                 r, loads[r.replica_id], prefix_blocks=prefix[r.replica_id],
                 kv_free_blocks=s.kv_free_blocks if s else None,
+                kv_free_uncached_blocks=s.kv_free_uncached_blocks if s else None,
                 kv_total_blocks=s.kv_total_blocks if s else None,
                 waiting_seqs=s.waiting_seqs if s else None))
         return RouteRequest(request.tenant_id, request.num_prompt_tokens, request.max_tokens,
@@ -476,6 +499,13 @@ class Router:
         if any(marked is True for _, marked in answers):
             logger.error("replica %s: engine died (%s); marked failed", rid, reason)
 
-    async def finished(self, lease: Lease, num_prompt_tokens: int, num_cached_tokens: int) -> None:
-        await self.state.stats.add(lease.model_version_id, lease.replica.replica_id, lease.policy,
-                                   prompt_tokens=num_prompt_tokens, hit_tokens=num_cached_tokens)
+    def queue_finished(self, batch, lease: Lease, num_prompt_tokens: int,
+                       num_cached_tokens: int):
+        """A request served to its end, queued on a `common.pipelines.Batch` with the rest of
+        the request's end: the lease's release (its tokens; on failure it expires) and the
+        routing counters (on failure they miss this request)."""
+        lease.queue_release(batch)
+        self.state.stats.queue_add(batch.pipe, lease.model_version_id, lease.replica.replica_id,
+                                   lease.policy, prompt_tokens=num_prompt_tokens,
+                                   hit_tokens=num_cached_tokens)
+        return _log_failures(f"routing end of lease {lease.lease_id}")

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 RUNNING_SEQS = "replica_running_seqs"
 WAITING_SEQS = "replica_waiting_seqs"
-KV_FREE_BLOCKS = "replica_kv_free_blocks"
+KV_FREE_BLOCKS = "replica_kv_free_blocks"  # cached prefixes included
+KV_FREE_UNCACHED_BLOCKS = "replica_kv_free_uncached_blocks"  # free without evicting a prefix
 KV_TOTAL_BLOCKS = "replica_kv_total_blocks"
 PREFIX_CACHE_HIT_TOKENS = "replica_prefix_cache_hit_tokens_total"
 PROMPT_TOKENS = "replica_prompt_tokens_total"
@@ -28,7 +29,9 @@ ENGINE_ALIVE = "replica_engine_alive"
 GAUGES = {
     RUNNING_SEQS: ("num_running", "Sequences in the running batch"),
     WAITING_SEQS: ("num_waiting", "Sequences waiting to be scheduled"),
-    KV_FREE_BLOCKS: ("num_free_blocks", "Free KV cache blocks"),
+    KV_FREE_BLOCKS: ("num_free_blocks", "Free KV cache blocks (cached prefixes included)"),
+    KV_FREE_UNCACHED_BLOCKS: ("num_free_uncached_blocks",
+                              "Free KV cache blocks holding no cached prefix"),
     KV_TOTAL_BLOCKS: ("num_total_blocks", "Total KV cache blocks"),
 }
 COUNTERS = {

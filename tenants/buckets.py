@@ -196,6 +196,12 @@ class TokenBuckets:
             level_now(tok_level, tok_ts, now_ms, limits.tokens_per_minute,
                       limits.token_burst))
 
+    def queue_correct(self, batch, limits: Limits, delta_tokens: int) -> None:
+        """`correct` queued on a `common.pipelines.Batch` (the request's end)."""
+        batch.script(self._correct, [self.keys(limits.tenant_id)[1]],
+                     [self._now_ms(), limits.tokens_per_minute, limits.token_burst,
+                      delta_tokens, self._ttl_ms(limits)])
+
     async def correct(self, limits: Limits, delta_tokens: int) -> float:
         """Charge `delta_tokens` more (negative: refund); the level may go below zero."""
         level = await self._correct(

@@ -46,7 +46,8 @@ class EngineFault(RuntimeError):
 class EngineStats:
     num_running: int
     num_waiting: int
-    num_free_blocks: int
+    num_free_blocks: int  # free, cached prefixes included (taking those evicts them)
+    num_free_uncached_blocks: int  # free and holding no cached prefix
     num_total_blocks: int
     prefix_hit_tokens: int  # cumulative
     # cumulative: prompt tokens prefilled, prefix-cache hits included, a recompute after
@@ -262,6 +263,7 @@ class LLMEngine:
             num_running=len(s.running),
             num_waiting=len(s.waiting),
             num_free_blocks=s.kv.num_free_blocks,
+            num_free_uncached_blocks=s.kv.num_free_uncached_blocks,
             num_total_blocks=s.kv.num_blocks,
             prefix_hit_tokens=s.prefix_hit_tokens,
             prompt_tokens=s.prefilled_tokens,

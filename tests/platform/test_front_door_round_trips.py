@@ -3,7 +3,11 @@ command or pipeline a Redis connection of this process sends while one request i
 every SQL statement. A request that finds its key, tenant and model cached makes at most
 `BEFORE_ROUTING` Redis round trips before it is routed (the key's rate and both token buckets
 in one Lua call; the admission slot with the usage lease and the pending usage event in one
-pipeline) and no database query at all; streaming more tokens costs no more round trips."""
+pipeline) and no database query at all; streaming more tokens costs no more round trips.
+Routing costs `ROUTING` (the snapshot, then the lease with the prefix index and counters), the
+first token one (the prompt's tokens given back), and the request's whole end one: the router
+lease, the routing counters, the admission slot, the token bucket's settlement, the final usage
+event and the usage lease's deletion (inference/request_metering.py `end_request`)."""
 from __future__ import annotations
 
 import contextvars
@@ -18,6 +22,9 @@ from inference.container import current_container
 pytestmark = [pytest.mark.asyncio, pytest.mark.django_db(transaction=True)]
 
 BEFORE_ROUTING = 2
+ROUTING = 2
+AT_FIRST_TOKEN = 1
+AT_END = 1
 
 _log: contextvars.ContextVar[list | None] = contextvars.ContextVar("round_trips", default=None)
 
@@ -39,7 +46,7 @@ def counted(monkeypatch):
     async def send(self, command, check_health=True):
         counts = _log.get()
         if counts is not None:
-            counts.redis.append(repr(command)[:120])
+            counts.redis.append(repr(command))
         return await real_send(self, command, check_health)
 
     def execute(self, sql, params=None):
@@ -93,3 +100,9 @@ async def test_a_cached_request_costs_few_round_trips_and_none_per_token(
     assert long.at_routing == short.at_routing
     assert len(long.redis) == len(short.redis), (short.redis, long.redis)  # none per token
     assert short.sql == [] and long.sql == [], "\n".join(short.sql)  # none once cached
+    assert len(short.redis) <= BEFORE_ROUTING + ROUTING + AT_FIRST_TOKEN + AT_END, short.redis
+    # The last round trip is the whole end: each part's keys are in it.
+    end = short.redis[-1]
+    for part in ("outstanding:", "routing:", "admission:", "bucket:", "billing:usage",
+                 "billing:lease:"):
+        assert part in end, (part, end[:300])

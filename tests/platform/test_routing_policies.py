@@ -25,9 +25,10 @@ def replica(replica_id: int) -> ReplicaInfo:
 
 
 def cand(replica_id: int, outstanding: int = 0, prefix_blocks: int = 0,
-         kv_free: int | None = None) -> Candidate:
+         kv_free: int | None = None, kv_uncached: int | None = None) -> Candidate:
     return Candidate(replica(replica_id), outstanding, prefix_blocks=prefix_blocks,
-                     kv_free_blocks=kv_free, kv_total_blocks=None if kv_free is None else 1000)
+                     kv_free_blocks=kv_free, kv_free_uncached_blocks=kv_uncached,
+                     kv_total_blocks=None if kv_free is None else 1000)
 
 
 # 40 full blocks of system prompt + a short user turn: 650 prompt tokens.
@@ -113,6 +114,23 @@ def test_balanced_stays_warm_until_the_warm_replica_carries_a_prompt_more_work()
 def test_balanced_avoids_a_replica_without_free_kv_blocks():
     candidates = [cand(1, 0, kv_free=0), cand(2, 400, kv_free=500), cand(3, 600, kv_free=500)]
     # 1: 0 + 650 + 2 * 43 * 16 = 2026; 2: 400 + 650 = 1050; 3: 1250.
+    assert choose(Balanced, LONG, candidates) == 2
+
+
+def test_balanced_counts_blocks_that_would_evict_cached_prefixes():
+    policy = Balanced(random.Random(0))
+    # LONG needs 43 blocks (682 tokens), none cached here: all free but 40 of the 100 free
+    # blocks hold cached prefixes -> 60 uncached, enough.
+    assert policy.score(LONG, cand(1, 0, kv_free=100, kv_uncached=60)) == 650
+    # 30 uncached: 13 blocks would evict cached prefixes.
+    assert policy.score(LONG, cand(1, 0, kv_free=100, kv_uncached=30)) == \
+        650 + Balanced.evict_weight * 13 * BLOCK_SIZE
+    # 20 free, 5 uncached: 23 blocks short (preemption) and 15 evicted.
+    assert policy.score(LONG, cand(1, 0, kv_free=20, kv_uncached=5)) == \
+        650 + Balanced.kv_weight * 23 * BLOCK_SIZE + Balanced.evict_weight * 15 * BLOCK_SIZE
+    # Same load and free blocks: the replica that keeps its cached prefixes loses less.
+    candidates = [cand(1, 0, kv_free=100, kv_uncached=0), cand(2, 100, kv_free=100,
+                                                               kv_uncached=100)]
     assert choose(Balanced, LONG, candidates) == 2
 
 

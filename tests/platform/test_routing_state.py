@@ -109,14 +109,15 @@ def test_parse_metrics_reads_the_replicas_port():
     text = (f"# HELP {names.KV_FREE_BLOCKS} Free KV cache blocks\n"
             f"# TYPE {names.KV_FREE_BLOCKS} gauge\n"
             f"{names.KV_FREE_BLOCKS}{labels} 120\n"
+            f"{names.KV_FREE_UNCACHED_BLOCKS}{labels} 90\n"
             f"{names.KV_TOTAL_BLOCKS}{labels} 200\n"
             f"{names.WAITING_SEQS}{labels} 3\n"
             f"{names.RUNNING_SEQS}{labels} 2\n"
             f"{names.PREFIX_CACHE_HIT_TOKENS}{labels} 4096\n"
             f"nv_inference_count{labels} 9\n")  # Triton's own: not read
     assert parse_metrics(text) == ReplicaSignals(
-        running_seqs=2, waiting_seqs=3, kv_free_blocks=120, kv_total_blocks=200,
-        prefix_hit_tokens=4096)
+        running_seqs=2, waiting_seqs=3, kv_free_blocks=120, kv_free_uncached_blocks=90,
+        kv_total_blocks=200, prefix_hit_tokens=4096)
 
 
 def test_parse_info_reads_what_the_engine_runs():

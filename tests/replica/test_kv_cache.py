@@ -76,6 +76,29 @@ def test_prefix_hit_reuses_exact_blocks_and_lru_eviction_order():
     assert kv.block_table("d") == []
 
 
+def test_free_blocks_without_evicting_cached_prefixes():
+    kv = KVCacheManager(num_blocks=6, block_size=4)
+    first = _request("a", list(range(10)))  # 2 full blocks + 2 tokens
+    assert kv.allocate(first, 10)
+    assert (kv.num_free_blocks, kv.num_free_uncached_blocks) == (3, 3)
+    first.num_computed_tokens = 10
+    kv.cache_full_blocks(first)
+    assert (kv.num_free_blocks, kv.num_free_uncached_blocks) == (3, 3)  # cached, in use
+    kv.free(first)
+    assert (kv.num_free_blocks, kv.num_free_uncached_blocks) == (6, 4)  # blocks 0, 1 cached
+
+    second = _request("b", list(range(8)) + [50, 51, 52])
+    assert kv.allocate(second, 3, kv.match(second))  # touches 0, 1; takes 3
+    assert (kv.num_free_blocks, kv.num_free_uncached_blocks) == (3, 3)
+    kv.free(second)  # free list: 4, 5, 2, 3, 1, 0
+    assert (kv.num_free_blocks, kv.num_free_uncached_blocks) == (6, 4)
+
+    assert kv.allocate(_request("c", [7] * 12), 12)  # 4, 5, 2: nothing cached evicted
+    assert (kv.num_free_blocks, kv.num_free_uncached_blocks) == (3, 1)
+    assert kv.allocate(_request("d", [9] * 8), 8)  # 3, then 1: evicts the cached block 1
+    assert (kv.num_free_blocks, kv.num_free_uncached_blocks) == (1, 0)
+
+
 def test_match_leaves_one_token_to_compute_and_checks_tokens():
     kv = KVCacheManager(num_blocks=4, block_size=4)
     r = _request("a", list(range(8)))

@@ -230,6 +230,8 @@ async def test_cancelled_stream_frees_its_blocks(replica):
     assert during["kv_free_blocks"] < during["kv_total_blocks"] or during["running_seqs"] >= 1
     assert after["running_seqs"] == 0 and after["waiting_seqs"] == 0
     assert after["kv_free_blocks"] == after["kv_total_blocks"]
+    # Its prompt's full blocks stay in the prefix cache: free, but taking them would evict them.
+    assert 0 <= after["kv_free_uncached_blocks"] < after["kv_free_blocks"]
     # The engine stopped generating for it long before max_tokens.
     assert after["generated_tokens_total"] - before["generated_tokens_total"] < 200
 

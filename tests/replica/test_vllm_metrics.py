@@ -36,7 +36,8 @@ class Family:
 
 
 def stats(**overrides):
-    base = dict(num_running=2, num_waiting=1, num_free_blocks=30, num_total_blocks=40,
+    base = dict(num_running=2, num_waiting=1, num_free_blocks=30, num_free_uncached_blocks=20,
+                num_total_blocks=40,
                 prefix_hit_tokens=16, prompt_tokens=50, generated_tokens=7, num_preemptions=0)
     return SimpleNamespace(**{**base, **overrides})
 

@@ -35,6 +35,14 @@ class KVCacheManager:
     def num_free_blocks(self) -> int:
         return self.pool.num_free_blocks
 
+    @property
+    def num_free_uncached_blocks(self) -> int:
+        """Free blocks that hold no cached prefix: what a request can take without evicting
+        one (O(cached blocks); for stats, not the scheduler)."""
+        pool = self.pool
+        return pool.num_free_blocks - sum(
+            1 for b in self.prefix_cache.block_ids() if pool.ref_count(b) == 0)
+
     def block_table(self, request_id: str) -> list[int]:
         return self._tables.get(request_id, [])
 

@@ -29,6 +29,10 @@ class PrefixCache:
         self._block_by_hash[block_hash] = block_id
         self._entry_by_block[block_id] = (block_hash, tuple(token_ids))
 
+    def block_ids(self):
+        """The blocks holding a cached entry."""
+        return self._entry_by_block.keys()
+
     def evict(self, block_id: int) -> bool:
         entry = self._entry_by_block.pop(block_id, None)
         if entry is None:
