@@ -5,6 +5,8 @@ import pytest
 from channels.testing import WebsocketCommunicator
 from django.test import Client
 
+from tests.support.ratelimit import fresh_address
+
 BODY = {"model": "chat-small", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}
 # Fixed windows an hour long: three requests a few seconds apart never straddle two.
 RATE = "2/h"
@@ -86,26 +88,12 @@ async def test_the_websocket_counts_against_the_same_rate(client, api_key, ready
     assert refused["retry_after"] >= 1
 
 
-def _address_early_in_a_window(rate: str, margin_s: float = 15.0) -> str:
-    """django-ratelimit counts in fixed windows (per key, offset by a hash of it): 11 posts that
-    straddle a window's end are counted in two windows and the 11th passes. So the test posts
-    from a client address whose window has at least `margin_s` left and no attempts yet."""
-    from django.contrib import admin
-    from django.test import RequestFactory
-    from django_ratelimit.core import get_usage
-
-    for last in range(1, 255):
-        ip = f"10.9.8.{last}"
-        request = RequestFactory().post("/admin/login/", REMOTE_ADDR=ip)
-        usage = get_usage(request, fn=admin.site.login, key="ip", rate=rate, method="POST")
-        if usage["count"] == 0 and usage["time_left"] >= margin_s:
-            return ip
-    raise AssertionError(f"no address in 10.9.8.0/24 starts a fresh {rate} window")
-
-
 @pytest.mark.django_db
 def test_console_login_attempts_are_limited(settings):
-    console = Client(REMOTE_ADDR=_address_early_in_a_window(settings.LOGIN_RATELIMIT))
+    from django.contrib import admin
+
+    console = Client(REMOTE_ADDR=fresh_address(settings.LOGIN_RATELIMIT, fn=admin.site.login,
+                                               path="/admin/login/"))
     statuses = [console.post("/admin/login/", {"username": "x", "password": "y"}).status_code
                 for _ in range(11)]
     assert statuses[:10] == [200] * 10  # the form again, with an error
