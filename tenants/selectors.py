@@ -77,6 +77,7 @@ class LimitsCache:
         self._redis = redis
         self._prefix = key_prefix
         self._ttl = ttl_seconds
+        self._clock = clock
         # In memory until ttl_seconds after the Redis entry was written (wall clock).
         self._local: TtlCache[int, tuple[Limits, float]] = TtlCache(
             self._load, clock, ttl_seconds, stamp=lambda entry: entry[1])
@@ -96,7 +97,7 @@ class LimitsCache:
             written_at = float(data.pop("at", 0.0))
             return Limits(**data), written_at
         limits = await tenant_limits(tenant_id)
-        written_at = time.time()
+        written_at = self._clock()  # the stamp's clock is the one the in-memory TTL runs on
         await self._redis.set(self.key(tenant_id),
                               json.dumps({**asdict(limits), "at": written_at}),
                               px=max(1, int(self._ttl * 1000)))

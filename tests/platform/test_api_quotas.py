@@ -180,7 +180,11 @@ async def test_cancelled_before_the_first_token_is_charged_the_prefill(auth, ten
 async def test_limits_edit_seen_after_the_cache_ttl(tenant):
     redis = aioredis.Redis.from_url(settings.REDIS_URL)
     try:
-        cache = LimitsCache(redis, settings.REDIS_KEY_PREFIX + "ttl-test:", ttl_seconds=0.3)
+        # The in-memory layer runs on an injected clock (frozen until moved below); the Redis
+        # entry expires on Redis's own clock, waited for.
+        clock = Clock()
+        cache = LimitsCache(redis, settings.REDIS_KEY_PREFIX + "ttl-test:", ttl_seconds=0.3,
+                            clock=clock)
         assert (await cache.get(tenant.pk)).requests_per_minute == 600
         await set_limits(tenant, requests_per_minute=7)
         assert (await cache.get(tenant.pk)).requests_per_minute == 600  # still cached
@@ -189,6 +193,7 @@ async def test_limits_edit_seen_after_the_cache_ttl(tenant):
         async def expired():
             return not await redis.exists(cache.key(tenant.pk))
         await async_wait_until(expired, 5.0, "the cached limits expiring")
+        clock.now += 1.0  # past the in-memory TTL too
         limits = await cache.get(tenant.pk)
         assert limits.requests_per_minute == 7 and limits.request_burst == 7
     finally:
