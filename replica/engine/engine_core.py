@@ -12,7 +12,6 @@ Fault isolation (no request can kill the engine):
 from __future__ import annotations
 
 import logging
-import random
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -55,7 +54,6 @@ class EngineCore:
         decoder: Decoder,
         eos_token_ids: tuple[int, ...],
         clock: Callable[[], float] = time.monotonic,
-        rng: random.Random | None = None,
         max_failed_steps: int = 3,
     ) -> None:
         self.scheduler = scheduler
@@ -63,7 +61,6 @@ class EngineCore:
         self.decoder = decoder
         self.eos_token_ids = eos_token_ids
         self.clock = clock
-        self.rng = rng or random.Random(0)
         self._seeds: dict[str, int] = {}
         self._detok: dict[str, IncrementalDetokenizer] = {}
         self._generated_tokens = 0
@@ -102,8 +99,8 @@ class EngineCore:
             tenant=tenant,
             cache_salt=cache_salt,
         )
-        seed = sampling_params.seed
-        self._seeds[request_id] = seed if seed is not None else self.rng.getrandbits(62)
+        if sampling_params.seed is not None:  # the others share the sampler's batch generator
+            self._seeds[request_id] = sampling_params.seed
         self._detok[request_id] = IncrementalDetokenizer(self.decoder, prompt_token_ids, sampling_params.stop)
         self.scheduler.add_request(request)
 

@@ -3,7 +3,6 @@
 Not thread-safe: one thread owns it (the Triton model's engine loop, or a benchmark)."""
 from __future__ import annotations
 
-import random
 import time
 from typing import Callable
 
@@ -25,7 +24,7 @@ __all__ = ["LLMEngine", "EngineStats"]
 
 class LLMEngine:
     def __init__(self, config: EngineConfig, model_config: ModelConfig, model: LlamaForCausalLM, tokenizer,
-                 clock: Callable[[], float] = time.monotonic, rng: random.Random | None = None) -> None:
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.config = config
         self.model_config = model_config
         self.tokenizer = tokenizer
@@ -44,7 +43,7 @@ class LLMEngine:
         scheduler = Scheduler(kv, config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len)
         runner = ModelRunner(model, num_blocks, config.block_size, dtype, device)
         eos = tuple(model_config.eos_token_ids) or tuple(tokenizer.eos_token_ids)
-        self.core = EngineCore(scheduler, runner, tokenizer, eos, clock=clock, rng=rng)
+        self.core = EngineCore(scheduler, runner, tokenizer, eos, clock=clock)
 
     @classmethod
     def from_config(cls, config: EngineConfig, **kwargs) -> "LLMEngine":

@@ -118,7 +118,7 @@ class ModelRunner:
         )
 
     @torch.inference_mode()
-    def execute(self, out: SchedulerOutput, seeds: dict[str, int],
+    def execute(self, out: SchedulerOutput, seeds: dict[str, int],  # the requests that set a seed
                 interrupt: Callable[[], bool] | None = None) -> dict[str, int | SampleError]:
         """Run one step; return the sampled token per request that reached its frontier (a
         SampleError for a request whose row could not be sampled: it fails alone).
@@ -131,7 +131,7 @@ class ModelRunner:
         tokens = self.sampler.sample(
             logits,
             [r.sampling_params for r in sampled_requests],
-            [seeds[r.request_id] for r in sampled_requests],
+            [seeds.get(r.request_id) for r in sampled_requests],  # only requests that set a seed have one
             [r.num_output_tokens for r in sampled_requests],
         )
         return {r.request_id: t for r, t in zip(sampled_requests, tokens)}
