@@ -1,6 +1,6 @@
 """The C kernels (csrc/), compiled once per machine and source: decode attention
-(paged_attention.c), the GGUF-block matrix product (gguf_matmul.c) and the batch's greedy picks
-(row_argmax.c).
+(paged_attention.c), the GGUF-block matrix product (gguf_matmul.c), the batch's greedy picks
+(row_argmax.c) and bfloat16 RMSNorm with the residual add (rms_norm.c).
 
 Decode attention reads K/V pools of float32, bfloat16 or float16 (`KV_DTYPES`) where they lie and
 computes in float32; queries go in as float32 and the output comes back in the query's dtype.
@@ -174,3 +174,35 @@ class RowArgmax:
 def load_row_argmax(portable: bool = False) -> RowArgmax | None:
     lib = _library(_CSRC / "row_argmax.c", portable)
     return None if lib is None else RowArgmax(lib)
+
+
+class RMSNormKernel:
+    """bfloat16 RMSNorm, optionally after the residual add, in one pass (csrc/rms_norm.c): the
+    same roundings as the model's PyTorch path."""
+
+    def __init__(self, lib: ctypes.CDLL) -> None:
+        fn = lib.rms_norm_bf16
+        fn.restype = ctypes.c_int
+        fn.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 2 + [ctypes.c_float]
+        self._fn = fn
+
+    def __call__(self, x: torch.Tensor, weight: torch.Tensor, eps: float,
+                 residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """x, residual: [rows, hidden] bfloat16; weight: [hidden] bfloat16 -> (h, normed): h = x +
+        residual (x itself without residual), normed = RMSNorm(h)."""
+        x = x.contiguous()
+        out = torch.empty_like(x)
+        h = x
+        if residual is not None:
+            residual = residual.contiguous()
+            h = torch.empty_like(x)
+        rows, hidden = x.shape
+        if self._fn(x.data_ptr(), None if residual is None else residual.data_ptr(), weight.data_ptr(),
+                    None if residual is None else h.data_ptr(), out.data_ptr(), rows, hidden, eps) != 0:
+            raise ValueError(f"rms_norm_bf16: hidden size {hidden} beyond the kernel's limit")
+        return h, out
+
+
+def load_rms_norm(portable: bool = False) -> RMSNormKernel | None:
+    lib = _library(_CSRC / "rms_norm.c", portable)
+    return None if lib is None else RMSNormKernel(lib)
