@@ -7,7 +7,7 @@ here. What is simulated: Poisson arrivals at a day's rate curve, a shared FIFO a
 requests at once for `service_s` each (TTFT = queue wait + `ttft_s`), replicas that take
 `load_s` to become ready and drain before they stop. What is NOT simulated: the decision, which
 is `fleet.scaling_decision.decide` with the forecast of `fleet.forecast`, fed the
-same signals the Celery task computes (queue depth, outstanding tokens, TTFT p90, arrival rate,
+same load readings the Celery task computes (queue depth, outstanding tokens, TTFT p90, arrival rate,
 idle time, measured load time, the forecast's peak over the coming load window).
 """
 from __future__ import annotations
@@ -24,7 +24,7 @@ from fleet.scaling_decision import History, PolicyView, LoadReadings, decide
 from fleet.forecast import TimeOfDayProfile
 
 TTFT_WINDOW_S = 20.0  # the compressed day's equivalent of the task's one-minute window
-RATE_WINDOW_TICKS = 3  # the arrival rate is the mean over the last ticks (fleet_signals.recent_rate)
+RATE_WINDOW_TICKS = 3  # the arrival rate is the mean over the last ticks (fleet.load_readings.recent_rate)
 
 
 @dataclass(frozen=True)
@@ -170,14 +170,14 @@ def simulate(*, rate: Callable[[float], float], day_s: float, model: ReplicaMode
             forecast = None
             if policy.predictive and profile is not None:
                 forecast = profile.peak(now, now + model.load_s + 2 * tick_s)
-            signals = LoadReadings(
+            readings = LoadReadings(
                 num_ready=len(ready), num_loading=len(loading), queue_depth=len(queue),
                 outstanding_tokens=sum(r.busy for r in ready) * model.tokens_per_request,
                 ttft_p90_s=ttft_p90, ttft_target_s=max_wait_s / 5, ttft_window_s=TTFT_WINDOW_S,
                 request_rate_rps=sum(recent_arrivals) / (len(recent_arrivals) * tick_s),
                 idle_for_s=math.inf if last_arrival is None else now - last_arrival,
                 load_seconds=model.load_s, forecast_rps=forecast)
-            decision = decide(policy, signals, now, history)
+            decision = decide(policy, readings, now, history)
             arrivals_since_tick = 0
             history = History(
                 last_scale_up_at=now if decision.action == "scale_up" else history.last_scale_up_at,

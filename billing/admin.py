@@ -124,7 +124,7 @@ admin.site.unregister(ModelVersion)
 
 @admin.register(ModelVersion)
 class PricedModelVersionAdmin(ModelVersionAdmin):
-    list_display = ("model", "version", "state", "quantization", "context_length",
+    list_display = ("model", "version_number", "state", "quantization", "context_length",
                     "price_now", "created_at")
     inlines = [PriceInline, *ModelVersionAdmin.inlines]
 

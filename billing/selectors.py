@@ -21,7 +21,7 @@ def require_price(model_version, now: datetime) -> None:
         raise MissingPrice(
             f"{model_version} has no price in effect, so it may not serve traffic (its usage "
             f"would be free): set one first, e.g. `python manage.py setprice "
-            f"{model_version.model.name} --model-version {model_version.version} --input X "
+            f"{model_version.model.name} --model-version {model_version.version_number} --input X "
             "--output Y`")
 
 GRANULARITIES = {"hour": TruncHour, "day": TruncDay}

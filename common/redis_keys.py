@@ -120,7 +120,7 @@ def circuit(prefix: str, replica_id: int) -> str:
 
 def circuit_half_open_trial(prefix: str, replica_id: int) -> str:
     """inference/circuit.py: the one request let through a half-open circuit."""
-    return f"{prefix}circuit:{replica_id}:probe"
+    return f"{prefix}circuit:{replica_id}:trial"
 
 
 def routing_models(prefix: str) -> str:

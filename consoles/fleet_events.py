@@ -36,7 +36,7 @@ def replica_row(replica: Replica) -> dict:
     return {
         "id": replica.pk,
         "model": replica.model_version.model.name,
-        "version": replica.model_version.version,
+        "version_number": replica.model_version.version_number,
         "model_version_id": replica.model_version_id,
         "grpc_address": replica.grpc_address,
         "node": replica.node.name if replica.node else "",

@@ -44,16 +44,16 @@ def autoscale_version(policy_id: int, now: datetime, ctx: FleetContext) -> Scali
         if arrivals[1] > 0:
             RateSample.objects.create(model_version_id=policy.model_version_id, at=now,
                                       window_s=arrivals[1], num_requests=arrivals[0])
-        signals, outstanding = load_readings.signals(policy, now, ctx.redis, ctx.key_prefix,
-                                                     ctx.tick_s, arrivals)
-        decision = decide(PolicyView.from_policy(policy), signals, now.timestamp(),
+        readings, outstanding = load_readings.read(policy, now, ctx.redis, ctx.key_prefix,
+                                                   ctx.tick_s, arrivals)
+        decision = decide(PolicyView.from_policy(policy), readings, now.timestamp(),
                           load_readings.history(policy, now))
         decision = _act(policy, decision, now, ctx, outstanding)
         row = ScalingDecision.objects.create(
             model_version_id=policy.model_version_id, at=now, action=decision.action,
             current_replicas=decision.current, recommended_replicas=decision.recommended,
             desired_replicas=decision.desired, reason=decision.reason[:300],
-            signals=decision.numbers)
+            readings=decision.numbers)
         ScalingDecision.objects.filter(model_version_id=policy.model_version_id,
                                        action=ScalingDecision.Action.HOLD,
                                        at__lt=now - DECISION_RETENTION).delete()

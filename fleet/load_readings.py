@@ -125,8 +125,10 @@ def recent_rate(model_version_id: int, now: datetime) -> float:
     return sum(r.num_requests for r in rows) / window if window > 0 else 0.0
 
 
-def signals(policy: ScalingPolicy, now: datetime, redis, prefix: str, tick_s: float,
-            arrivals: tuple[int, float, float | None]) -> tuple[LoadReadings, dict[int, int]]:
+def read(policy: ScalingPolicy, now: datetime, redis, prefix: str, tick_s: float,
+         arrivals: tuple[int, float, float | None]) -> tuple[LoadReadings, dict[int, int]]:
+    """One tick's load readings of the policy's version, and its ready replicas' outstanding
+    tokens (replica id -> tokens)."""
     mv = policy.model_version_id
     states = list(Replica.objects.filter(model_version_id=mv, state__in=(
         Replica.State.READY, Replica.State.LOADING)).values_list("pk", "state"))

@@ -42,7 +42,7 @@ class ScalingDecision(models.Model):
     recommended_replicas = models.PositiveIntegerField()  # before cool-downs
     desired_replicas = models.PositiveIntegerField()  # after cool-downs: what it acted on
     reason = models.CharField(max_length=300)
-    signals = models.JSONField(default=dict)  # the numbers that caused it
+    readings = models.JSONField(default=dict)  # the load readings and needs that caused it
 
     class Meta:
         db_table = "models_registry_scalingdecision"

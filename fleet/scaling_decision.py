@@ -1,6 +1,6 @@
 """The autoscaler's decision: how many replicas (ready + loading) a model version should have.
 
-Pure: one function of a policy, the signals seen now, the forecast and the recent history;
+Pure: one function of a policy, the load readings now, the forecast and the recent history;
 time is plain seconds from an injected clock, so tests and the benchmark's simulation drive the
 very code Celery beat runs.
 

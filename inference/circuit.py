@@ -1,9 +1,9 @@
 """A circuit breaker per replica, its state in Redis so every platform process shares it.
 
 closed --(`failure_threshold` consecutive failures)--> open --(`cooldown_s` passes)--> half-open
-half-open: exactly one request (the probe) may go; its success closes the circuit, its failure
-opens it for another cool-down. A probe whose process died releases its claim after
-`probe_timeout_s`, so another request may probe.
+half-open: exactly one request (the half-open trial) may go; its success closes the circuit, its
+failure opens it for another cool-down. A trial whose process died releases its claim after
+`trial_timeout_s`, so another request may be the trial.
 
 A failure is a replica fault (unreachable, stream error), before or after the first token; a
 refused input (a client error), one request failing inside a working replica and a client
@@ -25,7 +25,7 @@ local failures = redis.call('HINCRBY', KEYS[1], 'failures', 1)
 local open_until = tonumber(redis.call('HGET', KEYS[1], 'open_until') or '0')
 local now = tonumber(ARGV[1])
 if open_until > 0 and now >= open_until then
-  -- half-open: the probe (or a request started before the circuit opened) failed
+  -- half-open: the trial (or a request started before the circuit opened) failed
   redis.call('HSET', KEYS[1], 'open_until', now + tonumber(ARGV[3]))
   redis.call('DEL', KEYS[2])
   return 1
@@ -40,13 +40,13 @@ return 0
 
 class CircuitBreaker:
     def __init__(self, redis, key_prefix: str, clock: Callable[[], float], *,
-                 failure_threshold: int, cooldown_s: float, probe_timeout_s: float):
+                 failure_threshold: int, cooldown_s: float, trial_timeout_s: float):
         self._redis = redis
         self._prefix = key_prefix
         self._clock = clock  # wall-clock seconds (compared across processes)
         self.failure_threshold = failure_threshold
         self._cooldown_ms = int(cooldown_s * 1000)
-        self._probe_timeout_ms = int(probe_timeout_s * 1000)
+        self._trial_timeout_ms = int(trial_timeout_s * 1000)
         self._failure = redis.register_script(_FAILURE)
 
     def key(self, replica_id: int) -> str:
@@ -71,9 +71,9 @@ class CircuitBreaker:
         return states
 
     async def try_half_open_trial(self, replica_id: int) -> bool:
-        """Claim the single half-open probe of this replica (the caller checked it is half-open)."""
+        """Claim the single half-open trial of this replica (the caller checked it is half-open)."""
         return bool(await self._redis.set(self.half_open_trial_key(replica_id), "1", nx=True,
-                                          px=self._probe_timeout_ms))
+                                          px=self._trial_timeout_ms))
 
     async def record_failure(self, replica_id: int) -> bool:
         """Returns True when this failure opened the circuit."""

@@ -82,7 +82,7 @@ def build_container(tokenizers: TokenizerCache) -> Container:
         circuit=CircuitBreaker(redis, prefix, time.time,
                                failure_threshold=settings.ROUTER_CIRCUIT_FAILURES,
                                cooldown_s=settings.ROUTER_CIRCUIT_COOLDOWN_SECONDS,
-                               probe_timeout_s=settings.ROUTER_CIRCUIT_PROBE_TIMEOUT_SECONDS),
+                               trial_timeout_s=settings.ROUTER_CIRCUIT_TRIAL_TIMEOUT_SECONDS),
         stats=RoutingStats(redis, prefix),
     )
     process = ProcessLease(redis, prefix, settings.API_PROCESS_LEASE_TTL_SECONDS,

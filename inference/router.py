@@ -9,7 +9,7 @@ every platform process:
   (inference/replica_signals.py), absent when stale;
 - the prefix index (inference/prefix_index.py): leading prompt blocks each replica recently got;
 - the circuit breaker per replica (inference/circuit.py): open circuits get nothing; a
-  half-open one gets exactly one probe request, ahead of the policy.
+  half-open one gets exactly one request (the half-open trial), ahead of the policy.
 A replica whose engine died (`dead`) is dropped at once: its circuit trips open (every platform
 process), this process forgets it, and the registry marks it failed (fleet/health_check.py).
 Only `ready` replicas are candidates (the registry's state; a draining replica finishes its

@@ -240,10 +240,12 @@ ROUTER_SIGNALS_INTERVAL_SECONDS = env_float("ROUTER_SIGNALS_INTERVAL_SECONDS", 1
 ROUTER_SIGNALS_TTL_SECONDS = env_float("ROUTER_SIGNALS_TTL_SECONDS", 3.0)
 ROUTER_SIGNALS_TIMEOUT_SECONDS = env_float("ROUTER_SIGNALS_TIMEOUT_SECONDS", 0.5)
 # Circuit breaker per replica: this many consecutive faults open it for the cool-down; then one
-# probe request may go (its claim lapses after the probe timeout if its process dies).
+# request may go, the half-open trial (its claim lapses after the trial timeout if its process
+# dies). The old name ROUTER_CIRCUIT_PROBE_TIMEOUT_SECONDS is still read.
 ROUTER_CIRCUIT_FAILURES = env_int("ROUTER_CIRCUIT_FAILURES", 3)
 ROUTER_CIRCUIT_COOLDOWN_SECONDS = env_float("ROUTER_CIRCUIT_COOLDOWN_SECONDS", 10.0)
-ROUTER_CIRCUIT_PROBE_TIMEOUT_SECONDS = env_float("ROUTER_CIRCUIT_PROBE_TIMEOUT_SECONDS", 30.0)
+ROUTER_CIRCUIT_TRIAL_TIMEOUT_SECONDS = env_float(
+    "ROUTER_CIRCUIT_TRIAL_TIMEOUT_SECONDS", env_float("ROUTER_CIRCUIT_PROBE_TIMEOUT_SECONDS", 30.0))
 # Model versions and ready-replica lists are read from PostgreSQL at most this often per process
 # (a registry change reaches every process within this time).
 REGISTRY_CACHE_TTL_SECONDS = env_float("REGISTRY_CACHE_TTL_SECONDS", 1.0)

@@ -9,7 +9,7 @@ from models_registry.models import Model, ModelVersion, ScalingPolicy
 class ModelVersionInline(admin.TabularInline):
     model = ModelVersion
     extra = 0
-    fields = ("version", "state", "weights_uri", "tokenizer", "quantization", "context_length")
+    fields = ("version_number", "state", "weights_uri", "tokenizer", "quantization", "context_length")
 
 
 @admin.register(Model)
@@ -28,7 +28,7 @@ class ScalingPolicyInline(admin.StackedInline):
 
 @admin.register(ModelVersion)
 class ModelVersionAdmin(admin.ModelAdmin):
-    list_display = ("model", "version", "state", "quantization", "context_length", "created_at")
+    list_display = ("model", "version_number", "state", "quantization", "context_length", "created_at")
     list_filter = ("state", "model")
     list_select_related = ("model",)
     inlines = [ScalingPolicyInline]

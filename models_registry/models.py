@@ -49,7 +49,7 @@ class ModelVersion(models.Model):
         BYTES = "bytes"  # UTF-8 bytes + ChatML: for tests and fake replicas only
 
     model = models.ForeignKey(Model, on_delete=models.CASCADE, related_name="versions")
-    version = models.PositiveIntegerField()
+    version_number = models.PositiveIntegerField()  # 1, 2, ... within its model
     # A path, or `package:<python package>/<file>` for weights shipped inside a package.
     weights_uri = models.CharField(max_length=500)
     tokenizer = models.CharField(
@@ -62,13 +62,13 @@ class ModelVersion(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
-        ordering = ["model__name", "-version"]
+        ordering = ["model__name", "-version_number"]
         constraints = [
-            models.UniqueConstraint(fields=["model", "version"], name="unique_model_version")
+            models.UniqueConstraint(fields=["model", "version_number"], name="unique_model_version")
         ]
 
     def __str__(self) -> str:
-        return f"{self.model.name} v{self.version}"
+        return f"{self.model.name} v{self.version_number}"
 
 
 class Node(models.Model):

@@ -12,7 +12,7 @@ from models_registry.models import Model, ModelVersion, Replica, ScalingPolicy
 class ServingVersion:
     model_name: str
     model_version_id: int
-    version: int
+    version_number: int
     weights_uri: str
     tokenizer: str
     context_length: int
@@ -20,7 +20,7 @@ class ServingVersion:
 
     @classmethod
     def of(cls, model: Model, version: ModelVersion) -> ServingVersion:
-        return cls(model_name=model.name, model_version_id=version.pk, version=version.version,
+        return cls(model_name=model.name, model_version_id=version.pk, version_number=version.version_number,
                    weights_uri=version.weights_uri, tokenizer=version.tokenizer,
                    context_length=version.context_length, routing_policy=model.routing_policy)
 
@@ -48,7 +48,7 @@ async def serving_version(model_name: str, tenant_id: int) -> ServingVersion | N
         return None
     version = (
         await ModelVersion.objects.filter(model=model, state=ModelVersion.State.ACTIVE)
-        .order_by("-version")
+        .order_by("-version_number")
         .afirst()
     )
     if version is None:

@@ -9,7 +9,7 @@ from models_registry.models import Model, ModelVersion, Node, Replica
 
 def ensure_model_version(
     model_name: str,
-    version: int,
+    version_number: int,
     weights_uri: str,
     *,
     tokenizer: str = ModelVersion.TokenizerKind.WEIGHTS,
@@ -25,7 +25,7 @@ def ensure_model_version(
         model, _ = Model.objects.get_or_create(name=model_name, defaults={"is_public": is_public})
         model_version, _ = ModelVersion.objects.update_or_create(
             model=model,
-            version=version,
+            version_number=version_number,
             defaults={
                 "weights_uri": weights_uri,
                 "tokenizer": tokenizer,

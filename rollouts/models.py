@@ -71,8 +71,8 @@ class Rollout(models.Model):
         ]
 
     def __str__(self) -> str:
-        return (f"{self.model.name} v{self.stable_version.version} -> "
-                f"v{self.canary_version.version} ({self.state}, {self.traffic_percent:g}%)")
+        return (f"{self.model.name} v{self.stable_version.version_number} -> "
+                f"v{self.canary_version.version_number} ({self.state}, {self.traffic_percent:g}%)")
 
 
 class RolloutStep(models.Model):

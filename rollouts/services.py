@@ -68,7 +68,7 @@ def start_rollout(canary: ModelVersion, *, stable: ModelVersion | None = None,
         if stable is None:
             stable = (ModelVersion.objects.select_for_update()
                       .filter(model=canary.model, state=ModelVersion.State.ACTIVE)
-                      .exclude(pk=canary.pk).order_by("-version").first())
+                      .exclude(pk=canary.pk).order_by("-version_number").first())
             if stable is None:
                 raise RolloutError(f"{canary.model.name} has no other active version to compare with")
         if stable.model_id != canary.model_id:

@@ -66,5 +66,5 @@ def test_the_operator_commands_run_as_documented():
     from tenants.models import Tenant
 
     assert Tenant.objects.filter(name__in=["acme", "demo"]).count() == 2
-    version = ModelVersion.objects.get(model__name="chat-small", version=2)
+    version = ModelVersion.objects.get(model__name="chat-small", version_number=2)
     assert version.state == "staging" and Price.objects.filter(model_version=version).exists()

@@ -43,7 +43,7 @@ print(json.dumps(keys))
 REGISTER = """
 from models_registry.models import ModelVersion
 from models_registry.services import register_replica
-version = ModelVersion.objects.get(model__name=MODEL, version=1)
+version = ModelVersion.objects.get(model__name=MODEL, version_number=1)
 for grpc, metrics in ADDRESSES:
     register_replica(version, grpc, metrics_address=metrics)
 """

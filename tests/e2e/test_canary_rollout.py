@@ -179,7 +179,7 @@ async def test_healthy_canary_is_promoted_in_steps(fleet, replicas):
         assert s.evidence["stable"]["num_requests"] == 3
         assert s.evidence["canary"]["error_rate"] == 0.0
         assert s.evidence["canary"]["ttft_p90_ms"] > 0 and s.evidence["canary"]["tpot_p90_ms"] > 0
-    versions = {v.version: v.state async for v in ModelVersion.objects.all()}
+    versions = {v.version_number: v.state async for v in ModelVersion.objects.all()}
     assert versions == {1: "retired", 2: "active"}
 
     # The promoted version now serves everything.

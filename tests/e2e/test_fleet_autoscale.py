@@ -81,7 +81,7 @@ def test_autoscaler_scales_up_under_load_and_back_down_when_idle(transactional_d
         control.until(lambda: timezone.now() - held_since > timedelta(seconds=DOWN_COOLDOWN_S + 1),
                       60, "the warm pool hold")
         held = _decisions(version, held_since)
-        assert held and all(d.desired_replicas == 1 and d.signals["needs"] == {} for d in held)
+        assert held and all(d.desired_replicas == 1 and d.readings["needs"] == {} for d in held)
         assert all("warm pool 1" in d.reason for d in held), [d.reason for d in held]
         assert list(ready()) == [warm] and _successes(warm) == answered  # idle all along
 
@@ -93,7 +93,7 @@ def test_autoscaler_scales_up_under_load_and_back_down_when_idle(transactional_d
         up = ScalingDecision.objects.filter(model_version=version, action="scale_up",
                                             current_replicas=1).get()
         assert up.desired_replicas == 2
-        assert set(up.signals["needs"]) & {"outstanding_tokens", "queue_depth"}, up.signals
+        assert set(up.readings["needs"]) & {"outstanding_tokens", "queue_depth"}, up.readings
         new = live().exclude(pk=warm.pk).get()
         assert new.zone == "zone-b" and new.node.name == f"{run}-b1"
         control.until(lambda: ready().count() == 2, 300, "the new replica ready", agents.values())

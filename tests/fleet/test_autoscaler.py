@@ -18,8 +18,8 @@ class Loop:
         self.history = History()
         self.decisions: list[Decision] = []
 
-    def tick(self, now: float, **signals) -> Decision:
-        s = LoadReadings(num_ready=self.replicas, num_loading=0, **signals)
+    def tick(self, now: float, **readings) -> Decision:
+        s = LoadReadings(num_ready=self.replicas, num_loading=0, **readings)
         d = decide(self.policy, s, now, self.history)
         self.decisions.append(d)
         self.history = History(

@@ -146,7 +146,7 @@ def test_autoscale_tick_scales_on_queue_depth_and_stores_why(version, nodes, red
     redis.hset(waiting, f"t9:{version.pk + 1000}:9", "{}")
     second = autoscale_version(policy.pk, T0 + timedelta(seconds=30), ctx)
     assert second.action == "scale_up" and second.desired_replicas == 1 + 3
-    assert second.signals["queue_depth"] == 5 and second.signals["needs"]["queue_depth"] == 4
+    assert second.readings["queue_depth"] == 5 and second.readings["needs"]["queue_depth"] == 4
     assert Replica.objects.filter(model_version=version, state="loading").count() == 3
     assert len(dispatcher.sent) == 4
     redis.delete(waiting)
@@ -166,15 +166,15 @@ def test_autoscale_records_rates_and_the_forecast_starts_replicas_ahead(version,
     ctx = _ctx(redis, dispatcher)
     today = T0 + timedelta(days=1, hours=11, minutes=55)
     first = autoscale_version(policy.pk, today - timedelta(seconds=5), ctx)
-    assert first.signals["forecast_rps"] == 10.0 and first.signals["needs"]["forecast"] == 5
-    assert first.signals["queue_depth"] == 0 and first.signals["request_rate_rps"] == 0.0
+    assert first.readings["forecast_rps"] == 10.0 and first.readings["needs"]["forecast"] == 5
+    assert first.readings["queue_depth"] == 0 and first.readings["request_rate_rps"] == 0.0
     assert first.action == "scale_up" and first.desired_replicas == 5
     assert Replica.objects.filter(model_version=version, state="loading").count() == 5
     stats = queue_keys(ctx.key_prefix, version.model.name)[3]
     redis.hincrby(stats, f"seq:{version.pk}", 10)  # 10 requests arrived in the 5 s since
     redis.hincrby(stats, f"seq:{version.pk + 1000}", 7)  # another version's: not counted
     second = autoscale_version(policy.pk, today, ctx)
-    assert second.action == "hold" and second.signals["request_rate_rps"] == 2.0
+    assert second.action == "hold" and second.readings["request_rate_rps"] == 2.0
     sample = RateSample.objects.filter(model_version=version).latest("at")
     assert sample.num_requests == 10 and sample.window_s == 5.0
     assert ScalingDecision.objects.filter(model_version=version).count() == 2

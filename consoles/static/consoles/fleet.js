@@ -30,7 +30,7 @@
     }
     var before = tr.cells[5].textContent;
     tr.cells[0].textContent = row.id;
-    tr.cells[1].textContent = row.model + " v" + row.version;
+    tr.cells[1].textContent = row.model + " v" + row.version_number;
     tr.cells[2].textContent = row.grpc_address;
     tr.cells[3].textContent = row.node;
     tr.cells[4].textContent = row.zone;

@@ -14,7 +14,7 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         parser.add_argument("model")
-        parser.add_argument("--model-version", dest="version", type=int, default=None,
+        parser.add_argument("--model-version", dest="version_number", type=int, default=None,
                             help="default: the newest active version")
         parser.add_argument("--grpc", required=True, help="the replica's gRPC host:port")
         parser.add_argument("--metrics", default="", help="the replica's metrics host:port")
@@ -22,15 +22,15 @@ class Command(BaseCommand):
         parser.add_argument("--zone", default="")
         parser.add_argument("--state", default=Replica.State.READY, choices=Replica.State.values)
 
-    def handle(self, *args, model, version, grpc, metrics, node, zone, state, **options):
+    def handle(self, *args, model, version_number, grpc, metrics, node, zone, state, **options):
         versions = ModelVersion.objects.filter(model__name=model)
-        if version is not None:
-            versions = versions.filter(version=version)
+        if version_number is not None:
+            versions = versions.filter(version_number=version_number)
         else:
             versions = versions.filter(state=ModelVersion.State.ACTIVE)
-        model_version = versions.order_by("-version").first()
+        model_version = versions.order_by("-version_number").first()
         if model_version is None:
-            raise CommandError(f"no such model version: {model} {version or '(active)'}")
+            raise CommandError(f"no such model version: {model} {version_number or '(active)'}")
         if state == Replica.State.READY:
             try:
                 require_price(model_version, timezone.now())  # a ready replica serves traffic

@@ -19,7 +19,7 @@ class Command(BaseCommand):
     def handle(self, *args, **options):
         version = (ModelVersion.objects.filter(model__name=options["model"],
                                                state=ModelVersion.State.ACTIVE)
-                   .order_by("-version").first())
+                   .order_by("-version_number").first())
         if version is None:
             raise CommandError(f"no active version of {options['model']!r}")
         end = time.monotonic() + options["timeout_s"]

@@ -8,7 +8,7 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         parser.add_argument("name")
-        parser.add_argument("--model-version", dest="version", type=int, default=1)
+        parser.add_argument("--model-version", dest="version_number", type=int, default=1)
         parser.add_argument("--weights", required=True,
                             help="a path, or package:<package>/<file> for packaged weights")
         parser.add_argument("--tokenizer", default="weights", choices=["weights", "bytes"])
@@ -21,7 +21,7 @@ class Command(BaseCommand):
     def handle(self, *args, **opts):
         version = ensure_model_version(
             opts["name"],
-            opts["version"],
+            opts["version_number"],
             opts["weights"],
             tokenizer=opts["tokenizer"],
             context_length=opts["context_length"],

@@ -48,11 +48,11 @@ class Command(BaseCommand):
         if opts["canary_version"] is None:
             raise CommandError("start needs --canary-version")
         canary = ModelVersion.objects.select_related("model").get(
-            model__name=opts["model"], version=opts["canary_version"])
+            model__name=opts["model"], version_number=opts["canary_version"])
         stable = None
         if opts["stable_version"] is not None:
             stable = ModelVersion.objects.get(model__name=opts["model"],
-                                              version=opts["stable_version"])
+                                              version_number=opts["stable_version"])
         steps = [float(s) if "." in s else int(s) for s in opts["steps"].split(",")]
         thresholds = {name: opts[name] for name in services.THRESHOLD_FIELDS
                       if opts.get(name) is not None}
