@@ -1,7 +1,8 @@
 """The autoscaler's tick for one model version: observe, decide, record, act.
 
 Run by Celery beat (fleet.tasks.autoscale) every AUTOSCALER_INTERVAL_SECONDS for each
-version with an enabled ScalingPolicy. The decision is `autoscaler.decide` (pure); this stores
+version with an enabled ScalingPolicy (retired versions' replicas are drained instead:
+`retire_replicas`). The decision is `autoscaler.decide` (pure); this stores
 it with the numbers that caused it (ScalingDecision), records the arrival rate (RateSample, the
 forecast's history) and places or drains replicas. Two ticks for one version never overlap: the
 policy row is locked (skip_locked: a tick that finds it locked does nothing).
@@ -18,7 +19,7 @@ from fleet.scaling_decision import Decision, PolicyView, decide
 from fleet.dispatch import Dispatcher
 from billing.selectors import MissingPrice
 from fleet.models import RateSample, ScalingDecision
-from models_registry.models import ScalingPolicy
+from models_registry.models import ModelVersion, Replica, ScalingPolicy
 from fleet.placement import drain_replicas, place_replicas
 
 DECISION_RETENTION = timedelta(days=2)
@@ -84,6 +85,24 @@ def _act(policy: ScalingPolicy, decision: Decision, now: datetime, ctx: FleetCon
     return decision
 
 
+def retire_replicas(now: datetime, ctx: FleetContext) -> int:
+    """Drain (then stop, through their agents) the placed replicas of retired versions: a
+    rollout's promotion or rollback retires one, and no accelerator should keep serving a
+    version nobody routes to. Returns how many were drained."""
+    drained = 0
+    retired = ModelVersion.objects.filter(
+        state=ModelVersion.State.RETIRED, replicas__managed=True,
+        replicas__state__in=(Replica.State.LOADING, Replica.State.READY)).distinct()
+    for version in retired:
+        with transaction.atomic():
+            drained += len(drain_replicas(version, version.replicas.count(), now=now,
+                                          reason="version retired", dispatcher=ctx.dispatcher,
+                                          outstanding={}))
+    return drained
+
+
 def autoscale_all(now: datetime, ctx: FleetContext) -> list[ScalingDecision]:
-    ids = list(ScalingPolicy.objects.filter(enabled=True).values_list("pk", flat=True))
+    retire_replicas(now, ctx)
+    ids = list(ScalingPolicy.objects.filter(enabled=True).exclude(
+        model_version__state=ModelVersion.State.RETIRED).values_list("pk", flat=True))
     return [d for d in (autoscale_version(pk, now, ctx) for pk in ids) if d is not None]

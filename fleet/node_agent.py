@@ -25,6 +25,7 @@ import ctypes
 import ipaddress
 import logging
 import os
+import random
 import re
 import signal
 import socket
@@ -39,10 +40,12 @@ from typing import Callable
 
 from django.db import close_old_connections, connection
 
+from fleet.gpus import Gpu, discover as discover_gpus
 from fleet.lifecycle import transition
 from models_registry.models import Replica
 from fleet.nodes import heartbeat, register_node
-from replica.access import LOOPBACK, TOKEN_ENV
+from replica.weights_cache import fetch as fetch_weights, is_remote
+from replica.access import LOOPBACK, TOKEN_ENV, is_loopback
 
 # Platform secrets a replica has no use for: its model code handles untrusted prompts.
 _WITHHELD_FROM_REPLICAS = ("SECRET_KEY", "REPLICA_SECRET", "METRICS_TOKEN", "DATABASE_URL")
@@ -66,23 +69,35 @@ class AgentConfig:
     replica_threads: int = 0  # torch threads per replica; 0: the CPU slots reserved for it
     drain_grace_s: float = 30.0
     log_dir: Path = REPO / "var" / "logs" / "agents"
+    port_range: tuple[int, int] | None = None  # replicas' ports (None: any free port)
+    gpus: tuple[Gpu, ...] = ()  # discovered (fleet/gpus.py); none: a CPU node
 
     @classmethod
-    def from_env(cls, env: dict[str, str], access_token: str = "") -> "AgentConfig":
-        address = env.get("NODE_ADDRESS", "127.0.0.1")
+    def from_env(cls, env: dict[str, str], access_token: str = "",
+                 gpus: list[Gpu] | None = None) -> "AgentConfig":
+        """`gpus`: the node's GPUs (default: discovered now)."""
+        gpus = discover_gpus(env) if gpus is None else gpus
+        address = env.get("NODE_ADDRESS") or LOOPBACK
+        bind_address = env.get("NODE_BIND_ADDRESS") or default_bind_address(address)
+        if is_loopback(address) and not is_loopback(bind_address):
+            raise ValueError(f"replicas listen on {bind_address}, but NODE_ADDRESS (where the "
+                             "platform reaches them) is loopback: set NODE_ADDRESS to the address "
+                             "other hosts reach this node at")
         return cls(
             name=env["NODE_NAME"],
             zone=env.get("NODE_ZONE", ""),
             address=address,
-            bind_address=env.get("NODE_BIND_ADDRESS") or default_bind_address(address),
+            bind_address=bind_address,
             access_token=access_token,
             cpu_slots=int(env.get("NODE_CPU_SLOTS", "2")),
             memory_mib=int(env.get("NODE_MEMORY_MIB", "4096")),
-            accelerator=env.get("NODE_ACCELERATOR", "cpu"),
+            accelerator=env.get("NODE_ACCELERATOR") or ("gpu" if gpus else "cpu"),
             heartbeat_s=float(env.get("NODE_HEARTBEAT_SECONDS", "2")),
             replica_threads=int(env.get("NODE_REPLICA_THREADS", "0")),
             drain_grace_s=float(env.get("NODE_DRAIN_GRACE_SECONDS", "30")),
             log_dir=Path(env.get("NODE_LOG_DIR", str(cls.log_dir))),
+            port_range=parse_port_range(env.get("REPLICA_PORT_RANGE", "")),
+            gpus=tuple(gpus),
         )
 
 
@@ -94,6 +109,7 @@ class Child:
     model_name: str
     grpc_address: str
     started: float
+    ports: tuple[int, ...] = ()
     stopping: bool = False
     ready: bool = False
     thread: threading.Thread | None = field(default=None, repr=False)
@@ -122,10 +138,56 @@ def replica_environment(base: dict[str, str], access_token: str) -> dict[str, st
     return env
 
 
-def _free_port() -> int:
+def parse_port_range(text: str) -> tuple[int, int] | None:
+    """`REPLICA_PORT_RANGE` ("20000-20999") as (low, high); '' -> None (any free port)."""
+    if not text.strip():
+        return None
+    low, sep, high = text.strip().partition("-")
+    try:
+        bounds = (int(low), int(high or low))
+    except ValueError:
+        bounds = (0, -1)
+    if not sep or not 1 <= bounds[0] <= bounds[1] <= 65535:
+        raise ValueError(f"REPLICA_PORT_RANGE must be LOW-HIGH within 1-65535, not {text!r}")
+    return bounds
+
+
+def _bindable(address: str, port: int) -> bool:
     with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+        try:
+            sock.bind((address, port))
+        except OSError:
+            return False
+        return True
+
+
+def pick_ports(count: int, bind_address: str, port_range: tuple[int, int] | None,
+               taken: set[int], start: int | None = None) -> list[int]:
+    """`count` ports its replica can listen on: from `port_range` (from `start`, wrapping),
+    skipping `taken` (this agent's other replicas) and ports in use on the bind address or
+    loopback (Triton's HTTP port); without a range, ports the kernel picks on the bind address."""
+    addresses = {bind_address, LOOPBACK}
+    if port_range is None:
+        ports: list[int] = []
+        while len(ports) < count:
+            with socket.socket() as sock:
+                sock.bind((bind_address, 0))
+                port = sock.getsockname()[1]
+            if port not in taken and port not in ports and all(_bindable(a, port) for a in addresses):
+                ports.append(port)
+        return ports
+    low, high = port_range
+    size = high - low + 1
+    first = low if start is None else low + (start - low) % size
+    ports = []
+    for i in range(size):
+        port = low + (first - low + i) % size
+        if port not in taken and all(_bindable(a, port) for a in addresses):
+            ports.append(port)
+            if len(ports) == count:
+                return ports
+    raise OSError(f"no {count} free ports left in {low}-{high} on {bind_address}: widen "
+                  "REPLICA_PORT_RANGE or run fewer replicas on this node")
 
 
 def _die_with_parent() -> None:
@@ -173,9 +235,10 @@ class NodeAgent:
     def register(self) -> None:
         c = self.config
         register_node(c.name, zone=c.zone, address=c.address, cpu_slots=c.cpu_slots,
-                      memory_mib=c.memory_mib, accelerator=c.accelerator, now=self._now())
-        logger.info("node %s registered (zone %s, %d slots, %d MiB)", c.name, c.zone, c.cpu_slots,
-                    c.memory_mib)
+                      memory_mib=c.memory_mib, accelerator=c.accelerator, now=self._now(),
+                      gpus=[g.as_dict() for g in c.gpus])
+        logger.info("node %s registered (zone %s, %d slots, %d MiB, %d GPUs)", c.name, c.zone,
+                    c.cpu_slots, c.memory_mib, len(c.gpus))
 
     def start(self) -> None:
         self.register()
@@ -226,11 +289,22 @@ class NodeAgent:
 
         version = replica.model_version
         try:
-            weights = str(resolve_weights(version.weights_uri))
+            if is_remote(version.weights_uri):  # once per node, verified (replica/weights_cache.py)
+                weights = str(fetch_weights(version.weights_uri, version.weights_sha256))
+            else:
+                weights = str(resolve_weights(version.weights_uri))
         except (OSError, ValueError) as exc:
-            transition(replica_id, Replica.State.FAILED, f"weights not found: {exc}", self._now())
+            transition(replica_id, Replica.State.FAILED, f"weights unavailable: {exc}"[:300], self._now())
             return False
-        grpc_port, http_port, metrics_port = _free_port(), _free_port(), _free_port()
+        try:
+            with self._lock:
+                taken = {port for c in self._children.values() for port in c.ports}
+            grpc_port, http_port, metrics_port = pick_ports(
+                3, self.config.bind_address, self.config.port_range, taken,
+                start=random.randrange(65536))
+        except OSError as exc:
+            transition(replica_id, Replica.State.FAILED, str(exc)[:300], self._now())
+            return False
         address = self.config.address
         Replica.objects.filter(pk=replica_id).update(
             grpc_address=f"{address}:{grpc_port}", metrics_address=f"{address}:{metrics_port}")
@@ -240,13 +314,16 @@ class NodeAgent:
                                  (grpc_port, http_port, metrics_port),
                                  replica_threads(self.config.replica_threads, replica.cpu_slots),
                                  self.config.drain_grace_s, self.config.bind_address)
-        env = replica_environment(dict(os.environ), self.config.access_token)
+        extra_args, extra_env = replica_launch(replica.gpu_indices or [], version.kv_cache_mib,
+                                               version.tensor_parallel_degree)
+        command += extra_args
+        env = {**replica_environment(dict(os.environ), self.config.access_token), **extra_env}
         with open(log_path, "ab") as log:
             popen = subprocess.Popen(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent,
                                      env=env)
         child = Child(replica_id, popen, log_path, version.model.name, f"{address}:{grpc_port}",
-                      self._clock())
+                      self._clock(), ports=(grpc_port, http_port, metrics_port))
         child.thread = threading.Thread(target=self._watch, args=(child,), daemon=True,
                                         name=f"replica-{replica_id}")
         with self._lock:
@@ -338,6 +415,23 @@ def replica_threads(configured: int, cpu_slots: int) -> int:
     """Torch threads for a replica: the node's explicit setting, else one per CPU slot that
     placement reserved for it (at least one)."""
     return configured if configured > 0 else max(1, cpu_slots)
+
+
+def replica_launch(gpu_indices: list[int], kv_cache_mib: int,
+                   tensor_parallel_degree: int) -> tuple[list[str], dict[str, str]]:
+    """What a replica's placement adds to its launch: the arguments (the engine on CUDA, the
+    KV cache the version asks for, its tensor-parallel degree) and the environment (the GPUs it
+    holds, as CUDA_VISIBLE_DEVICES). Nothing for a CPU replica of an undeclared version."""
+    args: list[str] = []
+    env: dict[str, str] = {}
+    if gpu_indices:
+        args += ["--device", "cuda"]
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in gpu_indices)
+    if kv_cache_mib > 0:
+        args += ["--kv-cache-bytes", str(kv_cache_mib * 2**20)]
+    if tensor_parallel_degree > 1:
+        args += ["--tensor-parallel-degree", str(tensor_parallel_degree)]
+    return args, env
 
 
 def launch_command(model_name: str, weights: str, quantization: str,

@@ -24,11 +24,12 @@ logger = logging.getLogger(__name__)
 
 
 def register_node(name: str, *, zone: str, address: str, cpu_slots: int, memory_mib: int,
-                  accelerator: str, now: datetime) -> Node:
+                  accelerator: str, now: datetime, gpus: list[dict] | None = None) -> Node:
+    """`gpus`: what the agent discovered (fleet/gpus.py: index, uuid, name, memory_mib)."""
     with transaction.atomic():
         node, _ = Node.objects.update_or_create(name=name, defaults={
             "zone": zone, "address": address, "cpu_slots": cpu_slots, "memory_mib": memory_mib,
-            "accelerator": accelerator, "is_schedulable": True, "lost_at": None,
+            "accelerator": accelerator, "gpus": gpus or [], "is_schedulable": True, "lost_at": None,
             "last_heartbeat": now})
         for replica_id in Replica.objects.filter(node=node, state__in=LIVE_STATES).values_list("pk", flat=True):
             transition(replica_id, Replica.State.FAILED, f"agent of {name} restarted", now)

@@ -87,8 +87,22 @@ def load_weights_tokenizer(uri: str) -> PromptTokenizer:
     return Tokenizer.from_gguf_metadata(GGUFReader(str(path)).metadata)
 
 
+def load_stored_tokenizer(uri: str) -> PromptTokenizer:
+    """The tokenizer the registry stored for the version with these weights (https:// weights:
+    web hosts do not download them)."""
+    from models_registry.models import StoredTokenizer  # noqa: PLC0415
+    from replica.tokenizer_bundle import from_bundle  # noqa: PLC0415
+
+    stored = (StoredTokenizer.objects.filter(model_version__weights_uri=uri)
+              .order_by("-pk").values_list("bundle", flat=True).first())
+    if stored is None:
+        raise FileNotFoundError(f"no stored tokenizer for {uri}: run registermodel with --sha256 again")
+    return from_bundle(stored)
+
+
 LOADERS = {
     "weights": load_weights_tokenizer,
+    "stored": load_stored_tokenizer,
     "bytes": lambda uri: ByteTokenizer(),
 }
 

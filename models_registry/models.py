@@ -47,17 +47,27 @@ class ModelVersion(models.Model):
     class TokenizerKind(models.TextChoices):
         WEIGHTS = "weights"  # the tokenizer stored with the weights (GGUF / HF directory)
         BYTES = "bytes"  # UTF-8 bytes + ChatML: for tests and fake replicas only
+        STORED = "stored"  # stored in the registry (StoredTokenizer): web hosts lack the weights
 
     model = models.ForeignKey(Model, on_delete=models.CASCADE, related_name="versions")
     version_number = models.PositiveIntegerField()  # 1, 2, ... within its model
     # A path, or `package:<python package>/<file>` for weights shipped inside a package.
     weights_uri = models.CharField(max_length=500)
+    # Required for https:// weights: node agents download them once and check this hash.
+    weights_sha256 = models.CharField(max_length=64, blank=True, default="")
     tokenizer = models.CharField(
         max_length=16, choices=TokenizerKind.choices, default=TokenizerKind.WEIGHTS
     )
     quantization = models.CharField(max_length=32, blank=True, default="")
     hardware = models.JSONField(default=dict, blank=True)  # e.g. {"accelerator": "cpu", "memory_gib": 1}
     context_length = models.PositiveIntegerField(default=2048)
+    # What one replica needs: its devices (GPUs on a GPU node; engine processes on a CPU node)
+    # and the device memory of its weights and of the KV cache it asks for (0 = not declared;
+    # the KV cache size is passed to the engine as --kv-cache-bytes). Placement on GPU nodes
+    # puts a replica on `tensor_parallel_degree` free GPUs of one node, each holding its share.
+    tensor_parallel_degree = models.PositiveSmallIntegerField(default=1)
+    weights_memory_mib = models.PositiveIntegerField(default=0)
+    kv_cache_mib = models.PositiveIntegerField(default=0)
     state = models.CharField(max_length=16, choices=State.choices, default=State.ACTIVE)
     created_at = models.DateTimeField(auto_now_add=True)
 
@@ -70,6 +80,25 @@ class ModelVersion(models.Model):
     def __str__(self) -> str:
         return f"{self.model.name} v{self.version_number}"
 
+    @property
+    def device_memory_mib(self) -> int:
+        """Device memory one replica needs on each of its GPUs (weights + KV cache, sharded)."""
+        degree = max(1, self.tensor_parallel_degree)
+        return -(-(self.weights_memory_mib + self.kv_cache_mib) // degree)
+
+
+class StoredTokenizer(models.Model):
+    """A version's tokenizer as a bundle (replica/tokenizer_bundle.py), read from its weights
+    once at registration: web hosts tokenize prompts with it and never need the weights."""
+
+    model_version = models.OneToOneField(ModelVersion, on_delete=models.CASCADE,
+                                         related_name="stored_tokenizer")
+    bundle = models.TextField()
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return f"tokenizer of {self.model_version}"
+
 
 class Node(models.Model):
     name = models.CharField(max_length=100, unique=True)
@@ -81,6 +110,8 @@ class Node(models.Model):
     # Capacity the node agent announced (CPU slots stand for GPUs here); 0 = not an agent's node.
     cpu_slots = models.PositiveIntegerField(default=0)
     memory_mib = models.PositiveIntegerField(default=0)
+    # GPUs the agent discovered (fleet/gpus.py): [{"index", "uuid", "name", "memory_mib"}].
+    gpus = models.JSONField(default=list, blank=True)
     # Set when heartbeats stopped and the node was presumed lost; cleared when it registers again.
     lost_at = models.DateTimeField(null=True, blank=True)
 
@@ -119,6 +150,9 @@ class Replica(models.Model):
     managed = models.BooleanField(default=False)
     cpu_slots = models.PositiveIntegerField(default=0)  # capacity reserved on its node
     memory_mib = models.PositiveIntegerField(default=0)
+    # The node's GPUs it holds (their indexes; CUDA_VISIBLE_DEVICES) and its memory on each.
+    gpu_indices = models.JSONField(default=list, blank=True)
+    gpu_memory_mib = models.PositiveIntegerField(default=0)
     load_seconds = models.FloatField(null=True, blank=True)  # start -> ready, measured by the agent
     server_pid = models.IntegerField(null=True, blank=True)  # tritonserver's pid on its node
 

@@ -57,7 +57,8 @@ class RolloutEvaluator:
         self._probe = probe
 
     def evaluate_all(self) -> dict[int, str]:
-        """rollout id -> action taken (hold | advance | promote | rollback | paused | error)."""
+        """rollout id -> action taken (hold | advance | promote | rollback | paused | error |
+        waiting | open: see `_open`)."""
         outcomes = {}
         for rollout in Rollout.objects.filter(state__in=Rollout.LIVE_STATES).order_by("pk"):
             try:
@@ -80,6 +81,9 @@ class RolloutEvaluator:
 
     def evaluate(self, rollout: Rollout) -> str:
         now = self._clock()
+        if (rollout.state == Rollout.State.RUNNING and rollout.traffic_percent == 0
+                and rollout.step_index == 0):
+            return self._open(rollout, now)
         probe = (_probe_from_json(rollout.probe_result)
                  if rollout.probe_step_index == rollout.step_index else None)
         if rollout.state == Rollout.State.RUNNING and probe is None:
@@ -115,3 +119,17 @@ class RolloutEvaluator:
             logger.info("rollout %s: %s", rollout.pk, exc)
             return "superseded"
         return "hold"
+
+    def _open(self, rollout: Rollout, now: datetime) -> str:
+        """A rollout waiting for its canary's replicas (services.start_rollout)."""
+        if not services.canary_ready(rollout):
+            Rollout.objects.filter(pk=rollout.pk).update(last_evaluated_at=now, last_evidence={
+                "decision": HOLD, "reasons": ["waiting for the canary's replicas"],
+                "percent": 0.0, "evaluated_at": now.isoformat()})
+            return "waiting"
+        try:
+            services.open_canary(rollout, now=now)
+        except services.RolloutError as exc:
+            logger.info("rollout %s: %s", rollout.pk, exc)
+            return "superseded"
+        return "open"

@@ -7,8 +7,15 @@ same moment cannot both act (the second sees the new state and gets RolloutError
 Version states: while a rollout is live its canary is `staging` (`serving_version` answers
 stable; the rollout's split sends the canary its share). Promotion makes the canary `active`
 and retires stable: the newest active version serves everything and stable can be brought
-back only by a new rollout. Its replicas are left running: draining them is the fleet's job
-(retired versions get no traffic). Rollback retires the canary.
+back only by a new rollout. Rollback retires the canary.
+
+Replicas (a rollout owns its versions' fleet): when stable is scaled by the fleet (an enabled
+ScalingPolicy), starting a rollout gives the canary a policy too (stable's, at least one
+replica), so the autoscaler places its replicas; until one of them is ready the rollout runs at
+0% (`waiting for the canary's replicas`) and the evaluator opens the first step once one is
+(`open_canary`). Promotion gives the canary stable's policy; whichever version is retired has
+its policy disabled, and the fleet drains and stops a retired version's replicas
+(fleet.autoscaler.retire_replicas).
 """
 from __future__ import annotations
 
@@ -18,7 +25,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from billing.selectors import MissingPrice, require_price
-from models_registry.models import ModelVersion
+from models_registry.models import ModelVersion, Replica, ScalingPolicy
 from rollouts.models import Rollout, RolloutStep
 
 EVALUATOR = "evaluator"  # the actor name of automatic steps
@@ -91,10 +98,67 @@ def start_rollout(canary: ModelVersion, *, stable: ModelVersion | None = None,
             raise RolloutError(f"{canary.model.name} already has a live rollout") from None
         # Staging: never the newest active version while it is on trial.
         ModelVersion.objects.filter(pk=canary.pk).update(state=ModelVersion.State.STAGING)
-        _record(rollout, RolloutStep.Kind.START, 0.0, actor=actor,
-                reason=f"canary {canary} at {steps[0]:g}% against {stable}", evidence=None,
+        reason = f"canary {canary} at {steps[0]:g}% against {stable}"
+        if _canary_replicas(canary, stable) and not canary_ready(rollout):
+            rollout.traffic_percent = 0.0  # its share starts once a replica is ready
+            rollout.save(update_fields=["traffic_percent"])
+            reason += "; 0% while waiting for the canary's replicas"
+        _record(rollout, RolloutStep.Kind.START, 0.0, actor=actor, reason=reason, evidence=None,
                 now=now)
     return rollout
+
+
+_POLICY_FIELDS = [f.name for f in ScalingPolicy._meta.concrete_fields
+                  if f.name not in ("id", "model_version")]
+
+
+def _copy_policy(source: ScalingPolicy, target: ModelVersion, **overrides) -> ScalingPolicy:
+    values = {name: getattr(source, name) for name in _POLICY_FIELDS}
+    policy, _ = ScalingPolicy.objects.update_or_create(model_version=target,
+                                                       defaults={**values, **overrides})
+    return policy
+
+
+def _canary_replicas(canary: ModelVersion, stable: ModelVersion) -> bool:
+    """Give the canary a fleet when stable has one; True when the canary's replicas are the
+    fleet's to place (the rollout then waits for one to be ready)."""
+    source = ScalingPolicy.objects.filter(model_version=stable, enabled=True).first()
+    own = ScalingPolicy.objects.filter(model_version=canary).first()
+    if own is not None:
+        if own.enabled and own.min_replicas == 0:
+            ScalingPolicy.objects.filter(pk=own.pk).update(min_replicas=1)
+        return own.enabled
+    if source is None:
+        return False  # replicas registered by hand: the operator starts them
+    _copy_policy(source, canary, enabled=True, min_replicas=1,
+                 scale_to_zero=False)
+    return True
+
+
+def canary_ready(rollout: Rollout) -> bool:
+    return Replica.objects.filter(model_version_id=rollout.canary_version_id,
+                                  state=Replica.State.READY).exists()
+
+
+def _retire_policy(version_id: int) -> None:
+    """No scaling for a retired version: the fleet drains its replicas."""
+    ScalingPolicy.objects.filter(model_version_id=version_id).update(enabled=False)
+
+
+def open_canary(rollout: Rollout, *, now: datetime | None = None) -> Rollout:
+    """The canary's replicas are ready: start its first step (the evaluator calls this)."""
+    now = _now(now)
+    with transaction.atomic():
+        locked = _locked(rollout.pk, (Rollout.State.RUNNING,), "open")
+        if locked.traffic_percent > 0 or locked.step_index != 0:
+            raise RolloutError("the canary already gets traffic")
+        locked.traffic_percent = float(locked.steps[0])
+        locked.step_started_at = now
+        locked.save(update_fields=["traffic_percent", "step_started_at"])
+        _record(locked, RolloutStep.Kind.ADVANCE, 0.0, actor=EVALUATOR,
+                reason=f"the canary's replicas are ready: {locked.steps[0]:g}%", evidence=None,
+                now=now)
+    return locked
 
 
 def _locked(rollout_id: int, states: tuple[str, ...], action: str) -> Rollout:
@@ -159,6 +223,11 @@ def _promote(locked: Rollout, *, actor: str, reason: str, evidence: dict | None,
     previous = locked.traffic_percent
     ModelVersion.objects.filter(pk=locked.canary_version_id).update(state=ModelVersion.State.ACTIVE)
     ModelVersion.objects.filter(pk=locked.stable_version_id).update(state=ModelVersion.State.RETIRED)
+    stable_policy = ScalingPolicy.objects.filter(model_version_id=locked.stable_version_id,
+                                                 enabled=True).first()
+    if stable_policy is not None:  # the canary now takes all the traffic: stable's fleet size
+        _copy_policy(stable_policy, locked.canary_version)
+    _retire_policy(locked.stable_version_id)
     locked.state = Rollout.State.PROMOTED
     locked.traffic_percent = 100.0
     locked.step_index = len(locked.steps) - 1
@@ -191,6 +260,7 @@ def rollback_rollout(rollout: Rollout, *, actor: str = "", reason: str = "",
         previous = locked.traffic_percent
         ModelVersion.objects.filter(pk=locked.canary_version_id).update(
             state=ModelVersion.State.RETIRED)
+        _retire_policy(locked.canary_version_id)
         locked.state = Rollout.State.ROLLED_BACK
         locked.traffic_percent = 0.0
         locked.finished_at = now

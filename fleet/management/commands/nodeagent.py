@@ -14,8 +14,12 @@ class Command(BaseCommand):
     def add_arguments(self, parser):
         parser.add_argument("--name", required=True)
         parser.add_argument("--zone", default="")
-        parser.add_argument("--address", default="127.0.0.1",
-                            help="the host the platform reaches this node's replicas at")
+        parser.add_argument("--address", default=os.environ.get("NODE_ADDRESS") or "127.0.0.1",
+                            help="the address the platform reaches this node's replicas at "
+                                 "(default: NODE_ADDRESS, else 127.0.0.1; required off loopback)")
+        parser.add_argument("--port-range", default=os.environ.get("REPLICA_PORT_RANGE", ""),
+                            help="replicas' ports, LOW-HIGH (default: REPLICA_PORT_RANGE, else "
+                                 "any free port)")
         parser.add_argument("--bind-address", default=os.environ.get("NODE_BIND_ADDRESS", ""),
                             help="where replicas listen (default: NODE_BIND_ADDRESS, else "
                                  "--address if it is an IP address, else 127.0.0.1)")
@@ -32,6 +36,7 @@ class Command(BaseCommand):
             "NODE_NAME": options["name"], "NODE_ZONE": options["zone"],
             "NODE_ADDRESS": options["address"], "NODE_CPU_SLOTS": str(options["cpu_slots"]),
             "NODE_BIND_ADDRESS": options["bind_address"],
+            "REPLICA_PORT_RANGE": options["port_range"],
             "NODE_MEMORY_MIB": str(options["memory_mib"]),
             "NODE_HEARTBEAT_SECONDS": str(options["heartbeat_s"]),
             "NODE_REPLICA_THREADS": str(options["replica_threads"]),
