@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import random
 import statistics
 import sys
@@ -258,6 +259,7 @@ def main(argv: list[str] | None = None) -> dict:
           f"(fraction {full['roofline_fraction_interleaved']:.2f})", file=sys.stderr)
     if args.full_batch_only:
         result = {"roofline": roofline, "full_batch": full, "threads": torch.get_num_threads(),
+                  "load_average": [round(x, 2) for x in os.getloadavg()],
                   "roofline_fraction": full["roofline_fraction_interleaved"],
                   "roofline_fraction_separate": full["tokens_per_s"] / roofline["roofline_tokens_per_s"]}
         if args.out:
@@ -289,6 +291,7 @@ def main(argv: list[str] | None = None) -> dict:
         "roofline_fraction": full["roofline_fraction_interleaved"],
         "roofline_fraction_separate": full["tokens_per_s"] / roofline["roofline_tokens_per_s"],
         "threads": torch.get_num_threads(),
+        "load_average": [round(x, 2) for x in os.getloadavg()],
         "ours": ours,
         "full_batch": full,
         "baseline": baseline,
