@@ -34,6 +34,7 @@ class Fleet:
     env: dict = field(default_factory=dict)  # the platform processes' environment
     # Every replica as (grpc host:port, metrics host:port); the first is grpc/metrics_address.
     replicas: list[tuple[str, str]] = field(default_factory=list)
+    api: subprocess.Popen | None = None  # the API: llm_platform.web_processes (its children serve)
 
     def stop(self) -> None:
         for proc in reversed(self.procs):
@@ -72,12 +73,14 @@ def _wait_port(port: int, proc: subprocess.Popen, deadline_s: float) -> None:
 
 
 def start_fleet(replica: str = "smollm2", database: str = "llm_platform_bench",
-                num_replicas: int = 1, replica_args: tuple[str, ...] = ()) -> Fleet:
+                num_replicas: int = 1, replica_args: tuple[str, ...] = (),
+                api_processes: int = 1) -> Fleet:
     """`replica`: "smollm2" (the real engine in tritonserver) or "fake" (tests/fakes: Triton's
     gRPC protocol with a model that costs nothing, to isolate what the platform itself adds).
     `database`: a benchmark's own database (start_fleet stops every replica registered there).
     `num_replicas` real replicas (started together), each with `replica_args` added to
     `python -m replica.launch` (e.g. `--kv-cache-bytes N --num-threads 1`).
+    `api_processes`: daphne processes sharing the API's port (llm_platform.web_processes).
     An interrupted benchmark (SIGTERM, SIGHUP, Ctrl-C) stops the fleet too."""
     stop_on_signals()
     services = ensure_services(REPO / "var", log=lambda *_: None)
@@ -121,9 +124,11 @@ def start_fleet(replica: str = "smollm2", database: str = "llm_platform_bench",
             ready_urls.append((server, grpc_port,
                                f"http://127.0.0.1:{http_port}/v2/models/chat-small/ready"))
         fleet.grpc_address, fleet.metrics_address = fleet.replicas[0]
-        daphne = _start("daphne", ["-m", "daphne", "-b", "127.0.0.1", "-p", str(api_port),
-                                   "llm_platform.asgi:application"], env)
+        daphne = _start("api", ["-m", "llm_platform.web_processes", "--host", "127.0.0.1",
+                                "--port", str(api_port)],
+                        {**env, "WEB_PROCESSES": str(api_processes)})
         fleet.procs.append(daphne)
+        fleet.api = daphne
         fleet.base_url = f"http://127.0.0.1:{api_port}"
         for server, grpc_port, ready_url in ready_urls:
             if replica == "fake":

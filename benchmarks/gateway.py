@@ -8,6 +8,12 @@ platform (daphne -> router -> gRPC -> SSE) and N directly to the same replica wi
 non-streaming requests the platform sustains (and the same directly, for scale). A second pass
 (`platform_only`) repeats all of it against a zero-cost fake Triton replica (Triton's gRPC
 protocol, no model), which isolates what the platform itself adds.
+
+`cpu_ms_per_request` (short non-streaming requests) and `cpu_us_per_token` (the streaming
+rounds) are the CPU time (user + system, psutil) of ALL the API processes during that phase
+divided by the work; `--api-processes N` runs N daphne processes on one port
+(llm_platform.web_processes). The load average and the CPU are recorded with the numbers: on a
+shared machine they say how loaded the measurement was.
 """
 from __future__ import annotations
 
@@ -20,6 +26,7 @@ import time
 from dataclasses import dataclass
 
 import httpx
+import psutil
 
 from benchmarks.fleet import SMOLLM2, start_fleet
 from inference.replica_client import ReplicaRequest
@@ -89,6 +96,33 @@ async def direct(client: TritonReplicaClient, fleet, prompts, index: int, max_to
     return Sample(ttft or 0.0, time.perf_counter() - start, output_tokens)
 
 
+def api_processes(fleet) -> list[psutil.Process]:
+    parent = psutil.Process(fleet.api.pid)
+    return [parent, *parent.children(recursive=True)]
+
+
+def cpu_seconds(procs: list[psutil.Process]) -> float:
+    total = 0.0
+    for proc in procs:
+        try:
+            times = proc.cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        total += times.user + times.system
+    return total
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown"
+
+
 async def timed_round(make, num: int) -> tuple[float, list[Sample]]:
     start = time.perf_counter()
     samples = await asyncio.gather(*(make(i) for i in range(num)))
@@ -96,7 +130,7 @@ async def timed_round(make, num: int) -> tuple[float, list[Sample]]:
 
 
 async def run(args, replica: str) -> dict:
-    fleet = start_fleet(replica)
+    fleet = start_fleet(replica, database=args.database, api_processes=args.api_processes)
     try:
         tokenizer = load_weights_tokenizer(SMOLLM2)
         prompts = [(tokenizer.apply_chat_template(messages(i)), tuple(tokenizer.encode_chat(messages(i))))
@@ -108,10 +142,15 @@ async def run(args, replica: str) -> dict:
             dire = lambda i, n=args.max_tokens: direct(triton, fleet, prompts, i, n)  # noqa: E731
             await timed_round(lambda i: plat(i, 8), 4)  # warm-up: tokenizer, channels, caches
             await timed_round(lambda i: dire(i, 8), 4)
+            api = api_processes(fleet)
+            stream_cpu_s = 0.0
             totals = {"platform": [0.0, 0, []], "direct": [0.0, 0, []]}
             for _ in range(args.rounds):
                 for name, make in (("direct", dire), ("platform", plat)):
+                    cpu_before = cpu_seconds(api)
                     wall, samples = await timed_round(make, args.streams)
+                    if name == "platform":
+                        stream_cpu_s += cpu_seconds(api) - cpu_before
                     totals[name][0] += wall
                     totals[name][1] += sum(s.output_tokens for s in samples)
                     totals[name][2] += [s.ttft_s for s in samples]
@@ -122,8 +161,10 @@ async def run(args, replica: str) -> dict:
                 async with sem:
                     return await coro_factory(i)
 
+            cpu_before = cpu_seconds(api)
             short_plat, _ = await timed_round(
                 lambda i: bounded(lambda j: via_platform(http, fleet, j, 1, stream=False), i), short)
+            short_cpu_s = cpu_seconds(api) - cpu_before
             short_direct, _ = await timed_round(lambda i: bounded(lambda j: dire(j, 1), i), short)
             await triton.close()
     finally:
@@ -136,6 +177,9 @@ async def run(args, replica: str) -> dict:
         "rounds": args.rounds,
         "max_tokens": args.max_tokens,
         "cpu_count": os.cpu_count(),
+        "cpu_model": cpu_model(),
+        "load_average": [round(x, 2) for x in os.getloadavg()],
+        "api_processes": args.api_processes,
         "platform_tokens_per_s": round(tps["platform"], 2),
         "direct_tokens_per_s": round(tps["direct"], 2),
         "relay_efficiency": round(tps["platform"] / tps["direct"], 4),
@@ -148,7 +192,10 @@ async def run(args, replica: str) -> dict:
         "nonstream_short_requests": short,
         "nonstream_requests_per_s": round(short / short_plat, 2),
         "direct_short_requests_per_s": round(short / short_direct, 2),
-        "targets": {"relay_efficiency": ">= 0.9", "added_ttft_p50_ms": "<= 5"},
+        "cpu_ms_per_request": round(short_cpu_s * 1000 / short, 3),
+        "cpu_us_per_token": round(stream_cpu_s * 1e6 / max(1, totals["platform"][1]), 1),
+        "targets": {"relay_efficiency": ">= 0.9", "added_ttft_p50_ms": "<= 10",
+                    "nonstream_requests_per_s": ">= 400", "cpu_ms_per_request": "<= 1.5"},
     }
 
 
@@ -162,6 +209,10 @@ def main() -> None:
     parser.add_argument("--short-concurrency", type=int, default=16)
     parser.add_argument("--replica", choices=["both", "smollm2", "fake"], default="both",
                         help="both (default): the real replica, then the zero-cost fake")
+    parser.add_argument("--api-processes", type=int, default=1,
+                        help="daphne processes sharing the API's port (default 1)")
+    parser.add_argument("--database", default="llm_platform_bench",
+                        help="the benchmark's own PostgreSQL database (one per concurrent run)")
     parser.add_argument("--smoke", action="store_true",
                         help="a tiny run (seconds) that only proves the benchmark still works")
     args = parser.parse_args()

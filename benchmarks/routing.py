@@ -1,6 +1,8 @@
 """python -m benchmarks.routing [--out FILE.json]: routing policies side by side on one trace.
 
-Three real SmolLM2 replicas (small KV pools, so where a prefix lives matters), one daphne. A
+Three real SmolLM2 replicas (small KV pools, so where a prefix lives matters), one daphne
+(`--api-processes N`: N daphne processes on one port, whose routing decisions agree only
+through Redis). A
 multi-tenant workload: each of 12 tenants has its own ~600-token system prompt; every request
 is that prompt plus a short user turn. Poisson arrivals (fixed seed) at `--load` x the fleet's
 capacity, calibrated at the start of the run from warm-cache requests. Every policy replays the
@@ -255,7 +257,8 @@ def run(args) -> dict:
     tokenizer = load_weights_tokenizer(SMOLLM2)
     replica_args = ("--kv-cache-bytes", str(args.kv_cache_bytes), "--num-threads", "1")
     fleet = start_fleet("smollm2", database="llm_platform_bench_routing",
-                        num_replicas=args.replicas, replica_args=replica_args)
+                        num_replicas=args.replicas, replica_args=replica_args,
+                        api_processes=args.api_processes)
     try:
         tag = uuid.uuid4().hex[:6]
         names = {p: [f"rt-{tag}-{p[:6]}-{t}" for t in range(args.tenants)]
@@ -304,7 +307,8 @@ def run(args) -> dict:
         "hit_rate_vs_ideal": default["hit_rate_vs_ideal"] if default else None,
         "default_policy": DEFAULT,
         "ideal_hit_rate": round(ideal_rate, 4),
-        "targets": {"p90_ttft_ratio_vs_round_robin": ">= 5", "hit_rate_vs_ideal": ">= 0.9"},
+        "targets": {"p90_ttft_ratio_vs_round_robin": ">= 50", "hit_rate_vs_ideal": ">= 0.95"},
+        "load_average": [round(x, 2) for x in os.getloadavg()],
         "p90_ttft_ratio_vs_round_robin_per_policy": {
             p: round(rr["ttft_p90_ms"] / r["ttft_p90_ms"], 2) for p, r in results.items()} if rr else {},
         "note": ("scaled-down trace for a 2-core machine: "
@@ -317,6 +321,7 @@ def run(args) -> dict:
                      "warm_request_s": round(service_s, 3),
                      "capacity_per_s": round(capacity, 3), "seed": args.seed,
                      "kv_cache_bytes": args.kv_cache_bytes, "replicas": args.replicas,
+                     "api_processes": args.api_processes,
                      "slots_per_replica": args.slots, "db_pool_max_size": args.db_pool,
                      "cpu_count": os.cpu_count()},
         "policies": results,
@@ -328,6 +333,9 @@ def main() -> None:
     parser.add_argument("--out", default=None)
     parser.add_argument("--policies", nargs="+", default=POLICY_ORDER)
     parser.add_argument("--replicas", type=int, default=3)
+    parser.add_argument("--api-processes", type=int, default=1,
+                        help="daphne processes sharing the API's port (decisions agree through "
+                             "Redis)")
     parser.add_argument("--tenants", type=int, default=12)
     parser.add_argument("--system-tokens", type=int, default=600)
     parser.add_argument("--requests", type=int, default=120)

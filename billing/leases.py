@@ -35,7 +35,15 @@ class UsageLease:
         self._keeper: asyncio.Task | None = None
 
     async def hold(self) -> None:
-        await self._set()
+        await self.set()
+        self.keep()
+
+    def queue_set(self, pipe) -> None:
+        """The lease's SET queued on a pipeline (sent with the pending usage event)."""
+        pipe.set(self.key, b"1", px=self.ttl_ms)
+
+    def keep(self) -> None:
+        """Refresh the lease (already set) every third of its TTL until released."""
         self._keeper = asyncio.get_running_loop().create_task(self._keep())
 
     def abandon(self) -> None:
@@ -55,9 +63,9 @@ class UsageLease:
     async def _keep(self) -> None:
         while True:
             await asyncio.sleep(self.ttl_ms / 3000.0)
-            await self._set()
+            await self.set()
 
-    async def _set(self) -> None:
+    async def set(self) -> None:
         try:
             await self.client.set(self.key, b"1", px=self.ttl_ms)
         except (redis.RedisError, OSError) as exc:

@@ -9,6 +9,7 @@ from django.apps import apps
 from django.db import connection, transaction
 
 from billing.events import UsageEvent
+from billing.leases import UsageLease
 from billing.models import Price, UsageRecord
 
 __all__ = ["UsageEvent", "record_usage", "write_usage", "set_price"]
@@ -20,10 +21,17 @@ def current_recorder():
     return apps.get_app_config("billing").recorders.current()
 
 
-async def record_usage(event: UsageEvent) -> None:
+async def record_usage(event: UsageEvent, lease: UsageLease | None = None) -> None:
     """Record one finished request: onto the usage stream, or the local outbox when Redis is
-    unreachable. Returns once the event is durable in one of them."""
-    await current_recorder().record(event)
+    unreachable. Returns once the event is durable in one of them. `lease`: the request's
+    usage lease, set in the same round trip just before the (pending) event."""
+    await current_recorder().record(event, lease)
+
+
+def queue_pending_usage(pipe, event: UsageEvent, lease: UsageLease):
+    """A request's pending event and usage lease queued on another call's pipeline (one round
+    trip); returns the `finish(results)` to await (billing/stream.py `queue_pending`)."""
+    return current_recorder().queue_pending(pipe, event, lease)
 
 
 _COLUMNS = [  # (column, PostgreSQL array type, value)

@@ -17,6 +17,7 @@ from django.apps import apps
 from django.conf import settings
 
 from billing.events import UsageEvent
+from billing.leases import UsageLease
 from billing.outbox import FileOutbox
 from common import redis_keys
 
@@ -54,18 +55,55 @@ class UsageRecorder:
         self.retry_after_s = retry_after_s
         self._down_until = float("-inf")
 
-    async def record(self, event: UsageEvent) -> None:
+    async def record(self, event: UsageEvent, lease: UsageLease | None = None) -> None:
+        """`lease`: the request's usage lease, set in the same round trip just before the
+        event (a request's first, pending event); set on its own while Redis is marked down."""
         now = self.clock()
         event = event.stamped(now)
         if now >= self._down_until:
             try:
-                await self.client.xadd(self.keys.stream, {FIELD: event.to_json()})
+                if lease is None:
+                    await self.client.xadd(self.keys.stream, {FIELD: event.to_json()})
+                else:
+                    pipe = self.client.pipeline(transaction=False)
+                    lease.queue_set(pipe)
+                    pipe.xadd(self.keys.stream, {FIELD: event.to_json()})
+                    await pipe.execute()
                 return
             except (redis.RedisError, OSError) as exc:
                 self._down_until = self.clock() + self.retry_after_s
                 logger.warning("usage stream unavailable (%s); events go to the outbox for "
                                "%.1f s", exc, self.retry_after_s)
+        if lease is not None:
+            await lease.set()
         await asyncio.to_thread(self.outbox.append, [event])
+
+    def queue_pending(self, pipe, event: UsageEvent, lease: UsageLease):
+        """A request's first (pending) event and its usage lease queued on another call's
+        pipeline (the admission slot's: one round trip for the three). Returns `finish`, to
+        await with the results of what was queued (or with the exception that failed the
+        pipeline): on a failure the event goes to the outbox, as `record` would; either way
+        the lease is then kept alive."""
+        now = self.clock()
+        event = event.stamped(now)
+        queued = now >= self._down_until
+        if queued:
+            lease.queue_set(pipe)
+            pipe.xadd(self.keys.stream, {FIELD: event.to_json()})
+
+        async def finish(results: list) -> None:
+            failure = next((r for r in results if isinstance(r, BaseException)), None)
+            if queued and failure is None:
+                lease.keep()
+                return
+            if failure is not None:
+                self._down_until = self.clock() + self.retry_after_s
+                logger.warning("usage stream unavailable (%s); events go to the outbox for "
+                               "%.1f s", failure, self.retry_after_s)
+            await lease.set()
+            lease.keep()
+            await asyncio.to_thread(self.outbox.append, [event])
+        return finish
 
     async def close(self) -> None:
         await self.client.aclose()

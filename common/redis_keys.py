@@ -23,6 +23,17 @@ def api_key_refused(prefix: str, key_hash: str) -> str:
     return f"{prefix}apikey-refused:{key_hash}"
 
 
+def auth_changes(prefix: str) -> str:
+    """tenants/auth.py: pub/sub channel; a revoked key's hash is published there and every API
+    process drops its in-process entry for it."""
+    return f"{prefix}apikey-changes"
+
+
+def key_rate(prefix: str, api_key_id: int, window: int) -> str:
+    """inference/key_ratelimit.py: one API key's request count in one fixed window."""
+    return f"{prefix}keyrate:{api_key_id}:{window}"
+
+
 def tenant_limits(prefix: str, tenant_id: int) -> str:
     """tenants/selectors.py LimitsCache: the tenant's Limits as JSON."""
     return f"{prefix}limits:{tenant_id}"

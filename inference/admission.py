@@ -17,8 +17,11 @@ in flight stays bounded by capacity + headroom.
 
 Waiting is by notification, not polling: the pump publishes the admitted waiter's ticket and
 the waiter's process, which listens on one pub/sub connection (inference/admission_wakeups.py),
-wakes it. A wake-up can be lost (a dropped connection); the waiter then polls after
-`fallback_poll_s`, which also refreshes its heartbeat.
+wakes it. A request admitted on entry (the common case) costs one round trip and never
+subscribes; one that has to wait subscribes, then polls once (a wake-up published between its
+entry and its subscription is seen by that poll). A wake-up can be lost (a dropped
+connection); the waiter then polls after `fallback_poll_s`, which also refreshes its
+heartbeat.
 
 A slot is a lease: it expires `slot_ttl_s` after it was taken or last refreshed (`Slot.refresh`,
 called by its holder while the request runs), and the scripts reclaim expired slots before
@@ -38,6 +41,9 @@ from dataclasses import dataclass
 from typing import Awaitable, Callable
 from common import redis_keys
 
+from redis.exceptions import NoScriptError
+
+from common.pipelines import queue_script
 from inference.admission_wakeups import WakeUps
 
 # Wait-time histogram bounds (ms); the last bucket is +Inf.
@@ -155,10 +161,12 @@ local function sort_key(w) return {w.priority, w.seq} end
 """
 
 # ARGV[4..]: ticket, priority, tenant, cost, version, capacity, headroom, max_queue,
-# heartbeat_ms. Returns 1 admitted, 0 queued, -1 queue full.
+# heartbeat_ms, model; KEYS[6]: the set of models with a queue (the model is added to it).
+# Returns 1 admitted, 0 queued, -1 queue full.
 _ENTER = """
 local ticket, tenant, version = ARGV[4], ARGV[6], ARGV[8]
 local max_queue, hb_ms = tonumber(ARGV[11]), tonumber(ARGV[12])
+redis.call('SADD', KEYS[6], ARGV[13])
 redis.call('HSET', K_CAP, version, ARGV[9] .. ':' .. ARGV[10])
 purge()
 local backlogged = false
@@ -318,38 +326,74 @@ class AdmissionQueue:
 
     async def admit(self, model: str, model_version_id: int, waiter: Waiter, capacity: int,
                     headroom: int = 0,
-                    refresh: Callable[[], Awaitable[tuple[int, int]]] | None = None) -> Slot:
+                    refresh: Callable[[], Awaitable[tuple[int, int]]] | None = None,
+                    also: Callable[[object], Callable[[list], Awaitable[None]]] | None = None,
+                    ) -> Slot:
         """A slot of `model_version_id` (one of `model`'s versions, which has `capacity`
         slots), at once or after waiting; QueueFull / QueueTimeout otherwise. Cancelling the
         caller while it waits leaves the queue. `headroom`: slots beyond `capacity` only for
         tenants under their fair share of `capacity`. `refresh`: re-reads (capacity, headroom) before each
         poll, for a version whose capacity is growing (its first replica is loading; no release
-        wakes such a waiter, so it finds the new capacity on its fallback poll)."""
+        wakes such a waiter, so it finds the new capacity on its fallback poll). `also(pipe)`:
+        queues more commands to send with the entry, in the same round trip, and returns the
+        `finish(results)` awaited with their results (or the exception that failed the call)."""
         ticket = f"{waiter.tenant}:{model_version_id}:{uuid.uuid4().hex}"
-        async with self.wakeups.expect(ticket):
-            return await self._admit(model, model_version_id, waiter, ticket, capacity,
-                                     headroom, refresh)
-
-    async def _admit(self, model, model_version_id, waiter, ticket, capacity, headroom,
-                     refresh) -> Slot:
         keys = self.keys(model)
         started = self._clock()
-        await self._redis.sadd(self.models_key(), model)
         try:
-            state = int(await self._enter(keys=keys, args=[
+            state = await self._enter_call([*keys, self.models_key()], [
                 *self._common_args(model), ticket, waiter.priority, waiter.tenant,
                 waiter.cost_tokens, model_version_id, capacity, headroom, self._max_queue,
-                self._heartbeat_ms]))
-            if state == -1:
-                raise QueueFull()
+                self._heartbeat_ms, model], also)
+        except BaseException:
+            await self._leave_quietly(model, ticket)
+            raise
+        if state == -1:
+            raise QueueFull()
+        if state != 1:
+            async with self.wakeups.expect(ticket):
+                await self._wait(model, model_version_id, waiter, ticket, capacity, headroom,
+                                 refresh, started)
+        return Slot(self, model, model_version_id, ticket, self._clock() - started)
+
+    async def _enter_call(self, keys: list, args: list, also) -> int:
+        if also is None:
+            return int(await self._enter(keys=keys, args=args))
+        pipe = self._redis.pipeline(transaction=False)
+        finish = also(pipe)
+        queue_script(pipe, self._enter, keys, args)
+        try:
+            results = await pipe.execute(raise_on_error=False)
+        except BaseException as exc:
+            await finish([exc])
+            raise
+        await finish(results[:-1])
+        state = results[-1]
+        if isinstance(state, NoScriptError):  # Redis lost its scripts: load it and enter
+            return int(await self._enter(keys=keys, args=args))
+        if isinstance(state, BaseException):
+            raise state
+        return int(state)
+
+    async def _wait(self, model, model_version_id, waiter, ticket, capacity, headroom,
+                    refresh, started) -> None:
+        """Queued: wait for the pump to hand this ticket a slot (subscribed now: the first
+        poll, at once, catches a wake-up published before the subscription)."""
+        keys = self.keys(model)
+        try:
+            state = 0
+            first = True
             while state != 1:
                 remaining = waiter.max_wait_s - (self._clock() - started)
                 if remaining <= 0:
                     await self.leave(model, ticket, "timeout")
                     raise QueueTimeout()
-                await self.wait_for_wake(model, ticket, min(self._fallback_poll_s, remaining))
-                if refresh is not None:
-                    capacity, headroom = await refresh()
+                if not first:
+                    await self.wait_for_wake(model, ticket,
+                                             min(self._fallback_poll_s, remaining))
+                    if refresh is not None:
+                        capacity, headroom = await refresh()
+                first = False
                 state = int(await self._poll(keys=keys, args=[
                     *self._common_args(model), ticket, model_version_id, capacity, headroom,
                     self._heartbeat_ms]))
@@ -362,7 +406,6 @@ class AdmissionQueue:
             # may already have handed over), bounded; what fails expires (heartbeat, slot TTL).
             await self._leave_quietly(model, ticket)
             raise
-        return Slot(self, model, model_version_id, ticket, self._clock() - started)
 
     async def _leave_quietly(self, model: str, ticket: str) -> None:
         try:

@@ -6,9 +6,10 @@ ticket's event. Before, every waiter blocked on its own wake list (BLPOP), which
 pooled connection per waiting request: a burst of a few hundred waiters emptied the pool and
 the requests finishing (releasing slots, settling quotas) got `Too many connections`.
 
-Invariants: a waiter subscribes (`expect`) before it enters the queue, so a wake-up published
-for it is never missed while the subscription is healthy; a lost one (no subscription yet, a
-dropped connection) is covered by the waiter's fallback poll. The listener runs only while
+Invariants: a waiter that has to wait subscribes (`expect`) and then polls once at once, so a
+wake-up published for it before the subscription is seen by that poll and none after it is
+missed while the subscription is healthy; a lost one (a dropped connection) is covered by the
+waiter's fallback poll. The listener runs only while
 some ticket is expected and then lets its connection go.
 """
 from __future__ import annotations

@@ -12,7 +12,7 @@ whose engine died is tripped open at once (`trip`), without waiting for more fai
 """
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 from common import redis_keys
 
 CLOSED, OPEN, HALF_OPEN = "closed", "open", "half_open"
@@ -60,15 +60,30 @@ class CircuitBreaker:
 
     async def states(self, replica_ids: Sequence[int]) -> dict[int, str]:
         pipe = self._redis.pipeline(transaction=False)
+        parse = self.queue_states(pipe, replica_ids)
+        return parse(iter(await pipe.execute()))
+
+    def queue_states(self, pipe, replica_ids: Sequence[int]):
+        """Queue the reads of `states` on `pipe` (one round trip with the router's other
+        reads); returns the parser of the results: it takes an iterator over all of the
+        pipeline's results and consumes its own, in order. The parser's `clean` set (filled
+        when it runs) holds the replicas with no circuit state at all (no failure since the
+        last success): a success there has nothing to reset."""
         for rid in replica_ids:
-            pipe.hget(self.key(rid), "open_until")
-        rows = await pipe.execute()
-        now = self._now_ms()
-        states = {}
-        for rid, open_until in zip(replica_ids, rows):
-            until = int(open_until or 0)
-            states[rid] = CLOSED if until == 0 else OPEN if now < until else HALF_OPEN
-        return states
+            pipe.hmget(self.key(rid), "open_until", "failures")
+
+        def parse(rows: Iterator) -> dict[int, str]:
+            now = self._now_ms()
+            states = {}
+            for rid in replica_ids:
+                open_until, failures = next(rows)
+                until = int(open_until or 0)
+                states[rid] = CLOSED if until == 0 else OPEN if now < until else HALF_OPEN
+                if open_until is None and failures is None:
+                    parse.clean.add(rid)
+            return states
+        parse.clean = set()
+        return parse
 
     async def try_half_open_trial(self, replica_id: int) -> bool:
         """Claim the single half-open trial of this replica (the caller checked it is half-open)."""

@@ -26,8 +26,7 @@ from inference.container import current_container
 from inference.errors import ApiError, Conflict, InvalidRequest, Unauthorized
 from inference.faults import as_api_error, preparing
 from inference.formats.native import NativeFormat
-from inference.key_ratelimit import check_key_rate
-from inference.pipeline import authenticate_header, decode_body, prepare_as
+from inference.pipeline import authenticate_header, decode_body, prepare_for_key
 from inference.relay import open_events, request_deadline
 from llm_platform.db_watchdog import query_timeout
 
@@ -113,8 +112,7 @@ class StreamConsumer(AsyncWebsocketConsumer):
             async with preparing(deadline):  # 503 in seconds if PostgreSQL or Redis hangs
                 principal = await authenticate_header(container, authorization)
                 self.authenticated = True
-                await check_key_rate(principal.api_key_id)  # one count with the HTTP routes
-                outcome = await prepare_as(
+                outcome = await prepare_for_key(  # one key-rate count with the HTTP routes
                     container, "generate", principal, body,
                     idempotency_key if isinstance(idempotency_key, str) else None,
                     conversation_id if isinstance(conversation_id, str) else None)

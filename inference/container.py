@@ -37,6 +37,7 @@ from inference.tokenization import TokenizerCache
 from inference.triton_client import TritonReplicaClient
 from llm_platform.redis_clients import async_redis
 from inference.fallbacks import FallbackRecorder
+from tenants.auth import KeyAuthenticator
 from tenants.buckets import TokenBuckets
 from tenants.selectors import LimitsCache
 
@@ -58,8 +59,10 @@ class Container:
     rollouts: RolloutCatalog  # canary rollouts: which version serves a request
     fallbacks: FallbackRecorder  # canary requests that stable served instead
     process: ProcessLease  # this process is alive (pending Idempotency-Keys name it)
+    auth: KeyAuthenticator  # API keys, cached in this process (revocations published)
 
     async def close(self) -> None:
+        await self.auth.close()
         await self.process.stop()
         await self.signal_poller.stop()
         await self.admission.close()
@@ -121,6 +124,8 @@ def build_container(tokenizers: TokenizerCache) -> Container:
         # Wall-clock minutes: the evaluator reads them in another process.
         fallbacks=FallbackRecorder(redis, prefix, time.time),
         process=process,
+        auth=KeyAuthenticator(redis, prefix, settings.API_KEY_CACHE_SECONDS,
+                              settings.API_KEY_NEGATIVE_CACHE_SECONDS),
     )
 
 

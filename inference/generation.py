@@ -15,7 +15,8 @@ kept is reclaimed when its lease expires (settings.ADMISSION_SLOT_TTL_SECONDS,
 IDEMPOTENCY_PENDING_TTL_SECONDS).
 
 Metering (docs/billing.md): before anything else the request takes its usage lease and sends a
-pending usage event; at the end it sends the final one, with every token the replicas computed
+pending usage event (both in the round trip that enters the admission queue; on their own when
+no admission call is made); at the end it sends the final one, with every token the replicas computed
 for it: the final chunk's counts, or, for an attempt that ended without one (client gone,
 stream broken), the replica's own usage ledger, asked with abort (so a cancelled request is
 charged the prompt tokens the replica prefilled). The token bucket is corrected with the same
@@ -35,7 +36,7 @@ from django.conf import settings
 
 from billing.leases import UsageLease
 from billing.models import UsageRecord
-from billing.services import UsageEvent, record_usage
+from billing.services import UsageEvent, queue_pending_usage, record_usage
 from inference.admission import QueueFull, QueueTimeout, Slot, Waiter
 from inference.container import Container
 from inference.db_connection import release_db_connection
@@ -129,7 +130,7 @@ def replica_request(prepared: Prepared) -> ReplicaRequest:
     )
 
 
-async def _admit(container: Container, prepared: Prepared) -> Slot | None:
+async def _admit(container: Container, prepared: Prepared, also=None) -> Slot | None:
     """A slot of the model version in its model's admission queue (one per model, shared by
     its versions); None when no replica is ready (the router then answers 503). Raises 503 when
     the queue is full or the tier's wait bound passes."""
@@ -159,7 +160,7 @@ async def _admit(container: Container, prepared: Prepared) -> Slot | None:
             prepared.target.model_name, model_version_id, waiter,
             capacity=num_ready * settings.ADMISSION_SLOTS_PER_REPLICA,
             headroom=num_ready * settings.ADMISSION_HEADROOM_SLOTS_PER_REPLICA,
-            refresh=capacity if cold else None)
+            refresh=capacity if cold else None, also=also)
     except QueueFull:
         raise ServiceUnavailable(
             f"'{prepared.target.model_name}' is at capacity and its queue is full; retry later.",
@@ -196,12 +197,23 @@ async def generate(container: Container, prepared: Prepared) -> AsyncIterator[De
         keepalive.hold("idempotency", lambda: container.idempotency.refresh(claim))
     usage_lease = UsageLease(container.redis, container.key_prefix, prepared.request_id,
                              settings.BILLING_LEASE_TTL_SECONDS)
+    opened = False
+
+    def open_usage(pipe):  # the usage lease and pending event ride on the admission call
+        nonlocal opened
+        opened = True
+        return queue_pending_usage(pipe, pending_event(prepared), usage_lease)
+
     try:
-        await _open_usage(prepared, usage_lease)
         while True:
             tried: set[int] = set()
             try:
-                slot = await _admit(container, current)
+                try:
+                    slot = await _admit(container, current, None if opened else open_usage)
+                finally:
+                    if not opened:  # no admission call (no replica), or it failed before
+                        opened = True
+                        await _open_usage(prepared, usage_lease)
                 if slot is not None:
                     keepalive.hold("slot", slot.refresh)
                 progress.admitted_at = clock()
@@ -252,11 +264,11 @@ async def generate(container: Container, prepared: Prepared) -> AsyncIterator[De
 async def _open_usage(prepared: Prepared, usage_lease: UsageLease) -> None:
     """The usage lease, then the pending usage event: from here on the request is billed even
     if this process dies (the reaper finalises it)."""
-    await usage_lease.hold()
-    try:
-        await record_usage(pending_event(prepared))
+    try:  # one round trip: the lease's SET, then the event
+        await record_usage(pending_event(prepared), lease=usage_lease)
     except Exception:  # noqa: BLE001 - the final event still bills it
         logger.exception("pending usage for %s was not recorded", prepared.request_id)
+    usage_lease.keep()
 
 
 async def _report(outcome) -> None:

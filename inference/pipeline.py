@@ -13,20 +13,21 @@ from inference.canary import choose_version, sticky_key
 from inference.container import Container
 from inference.errors import (
     InvalidRequest,
+    RateLimited,
     NotFound,
     ServiceUnavailable,
     Unauthorized,
 )
 from inference.idempotency import Claim, Replay, fingerprint, validate_key
 from inference.json_body import decode_json
-from inference.key_ratelimit import check_key_rate
+from inference.key_ratelimit import KeyRate, count_alone, key_rate
 from inference.observability.request_ids import request_id_for_usage
 from inference.quota import Charge, admit, current_headers
 from inference.schemas import GenerationRequest, parse_request
 from inference.fallbacks import FAILED, UNAVAILABLE
 from models_registry.selectors import ServingVersion
 from llm_platform.logging import bind_request_context
-from tenants.auth import AuthenticationFailed, Principal, authenticate, bearer_token
+from tenants.auth import AuthenticationFailed, Principal, bearer_token
 
 logger = logging.getLogger(__name__)
 
@@ -69,9 +70,7 @@ async def authenticate_header(container: Container, authorization: str | None) -
         raise Unauthorized("Missing API key: send 'Authorization: Bearer <key>'.",
                            code="missing_api_key")
     try:
-        return await authenticate(token, container.redis, container.key_prefix,
-                                  settings.API_KEY_CACHE_SECONDS,
-                                  settings.API_KEY_NEGATIVE_CACHE_SECONDS)
+        return await container.auth.authenticate(token)
     except AuthenticationFailed as exc:
         raise Unauthorized(str(exc)) from exc
 
@@ -185,18 +184,42 @@ async def prepare(container: Container, endpoint: str, authorization: str | None
     """Raises ApiError subclasses for every refusal (401, 400, 404, 409, 422, 429).
     `conversation_id` (the X-Conversation-Id header) keeps a conversation on one version
     while a canary rollout runs. Counts the request against its key's rate (HTTP and
-    WebSocket alike)."""
+    WebSocket alike: in the buckets' own call, else on its own, inference/key_ratelimit.py)."""
     principal = await authenticate_header(container, authorization)
-    await check_key_rate(principal.api_key_id)
-    return await prepare_as(container, endpoint, principal, body, idempotency_key,
-                            conversation_id)
+    return await prepare_for_key(container, endpoint, principal, body, idempotency_key,
+                                 conversation_id)
+
+
+async def prepare_for_key(container: Container, endpoint: str, principal: Principal,
+                          body: object, idempotency_key: str | None,
+                          conversation_id: str | None = None) -> Prepared | Replayed:
+    """`prepare_as` for a principal authenticated by its API key: the request counts against
+    the key's rate (inference/key_ratelimit.py)."""
+    rate = key_rate(container.key_prefix, principal.api_key_id)
+    try:
+        outcome = await prepare_as(container, endpoint, principal, body, idempotency_key,
+                                   conversation_id, key_rate=rate)
+    except Exception:
+        if rate is not None and not rate.counted:
+            try:
+                await count_alone(container.redis, rate)  # over the rate: its 429 comes first
+            except RateLimited:
+                raise
+            except Exception:  # noqa: BLE001 - Redis trouble: the request's own error stands
+                pass
+        raise
+    if rate is not None and not rate.counted:  # a replay
+        await count_alone(container.redis, rate)
+    return outcome
 
 
 async def prepare_as(container: Container, endpoint: str, principal: Principal,
                      body: object, idempotency_key: str | None,
-                     conversation_id: str | None = None) -> Prepared | Replayed:
+                     conversation_id: str | None = None,
+                     key_rate: KeyRate | None = None) -> Prepared | Replayed:
     """`prepare` for a principal already authenticated some other way (the dashboard's
-    playground: a logged-in member of the tenant). Same refusals, minus the 401s."""
+    playground: a logged-in member of the tenant). Same refusals, minus the 401s.
+    `key_rate`: counted with the buckets when the request gets that far."""
     request = parse_request(endpoint, body)
     bind_request_context(tenant_id=principal.tenant_id, model=request.model)
     stable = await container.catalog.get(request.model, principal.tenant_id)
@@ -226,7 +249,7 @@ async def prepare_as(container: Container, endpoint: str, principal: Principal,
         claim = outcome
     try:
         limits = await container.limits.get(principal.tenant_id)
-        charge = await admit(container.buckets, limits, len(prompt_ids), max_tokens)
+        charge = await admit(container.buckets, limits, len(prompt_ids), max_tokens, key_rate)
     except BaseException:  # refused (429/400) or broken: the client may retry with the key
         if claim is not None:
             await asyncio.shield(container.idempotency.abandon(claim))

@@ -9,7 +9,7 @@ likely evicted; every platform process reads and writes the same keys.
 """
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 from inference.policies import BLOCK_SIZE
 from replica.engine.kv.block_hash import hash_full_blocks
@@ -36,38 +36,52 @@ class PrefixIndex:
                     replica_ids: Sequence[int]) -> dict[int, int]:
         """Per replica: how many leading blocks of `block_hashes` it holds (a chain: block i
         counts only if blocks 0..i-1 do)."""
-        matched = {rid: 0 for rid in replica_ids}
-        if not block_hashes or not replica_ids:
-            return matched
-        fields = [str(rid) for rid in replica_ids]
         pipe = self._redis.pipeline(transaction=False)
-        for block_hash in block_hashes:
-            pipe.hmget(self.key(model_version_id, block_hash), fields)
-        rows = await pipe.execute()
-        oldest = int(self._clock() * 1000) - self._ttl_ms
-        alive = set(replica_ids)
-        for row in rows:
-            for rid, seen in zip(replica_ids, row):
-                if rid in alive and (seen is None or int(seen) < oldest):
-                    alive.discard(rid)
-            if not alive:
-                break
-            for rid in alive:
-                matched[rid] += 1
-        return matched
+        parse = self.queue_match(pipe, model_version_id, block_hashes, replica_ids)
+        return parse(iter(await pipe.execute()))
+
+    def queue_match(self, pipe, model_version_id: int, block_hashes: Sequence[int],
+                    replica_ids: Sequence[int]):
+        """`match` queued on `pipe`; returns the parser (it consumes its results in order)."""
+        reads = bool(block_hashes) and bool(replica_ids)
+        fields = [str(rid) for rid in replica_ids]
+        if reads:
+            for block_hash in block_hashes:
+                pipe.hmget(self.key(model_version_id, block_hash), fields)
+
+        def parse(results: Iterator) -> dict[int, int]:
+            matched = {rid: 0 for rid in replica_ids}
+            if not reads:
+                return matched
+            rows = [next(results) for _ in block_hashes]
+            oldest = int(self._clock() * 1000) - self._ttl_ms
+            alive = set(replica_ids)
+            for row in rows:
+                for rid, seen in zip(replica_ids, row):
+                    if rid in alive and (seen is None or int(seen) < oldest):
+                        alive.discard(rid)
+                if not alive:
+                    break
+                for rid in alive:
+                    matched[rid] += 1
+            return matched
+        return parse
 
     async def record(self, model_version_id: int, block_hashes: Sequence[int],
                      replica_id: int) -> None:
         """`replica_id` now holds these blocks (it is about to prefill them)."""
-        if not block_hashes:
-            return
-        now_ms = int(self._clock() * 1000)
         pipe = self._redis.pipeline(transaction=False)
+        self.queue_record(pipe, model_version_id, block_hashes, replica_id)
+        await pipe.execute()
+
+    def queue_record(self, pipe, model_version_id: int, block_hashes: Sequence[int],
+                     replica_id: int) -> None:
+        """`record` queued on `pipe`."""
+        now_ms = int(self._clock() * 1000)
         for block_hash in block_hashes:
             key = self.key(model_version_id, block_hash)
             pipe.hset(key, str(replica_id), now_ms)
             pipe.pexpire(key, self._ttl_ms)
-        await pipe.execute()
 
     async def forget(self, model_version_id: int, block_hashes: Sequence[int],
                      replica_id: int) -> None:

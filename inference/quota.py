@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from inference.errors import Forbidden, InvalidRequest, RateLimited
+from inference.key_ratelimit import KeyRate, refusal
 from tenants.buckets import BucketState, TokenBuckets
 from tenants.selectors import Limits
 
@@ -53,7 +54,9 @@ class Charge:
 
 
 async def admit(buckets: TokenBuckets, limits: Limits, num_prompt_tokens: int,
-                max_tokens: int) -> Charge:
+                max_tokens: int, key_rate: KeyRate | None = None) -> Charge:
+    """`key_rate`: the request's count against its API key's rate, counted in the same call
+    as the buckets (over the rate: 429 api_key_rate_exceeded, nothing charged)."""
     if limits.suspended:
         # 403, not 429: waiting never helps, and clients retry a 429 on their own.
         raise Forbidden(
@@ -69,7 +72,12 @@ async def admit(buckets: TokenBuckets, limits: Limits, num_prompt_tokens: int,
             f"({limits.token_burst} tokens; {limits.tokens_per_minute} tokens/min). Lower "
             "max_tokens or shorten the prompt.",
             code="tokens_exceed_limit", param="max_tokens")
-    state = await buckets.check(limits, estimate)
+    count = None
+    if key_rate is not None:
+        key_rate.counted, count = True, key_rate.count
+    state = await buckets.check(limits, estimate, count)
+    if state.window_retry_ms >= 0:
+        raise refusal(state.window_retry_ms)
     headers = rate_limit_headers(state)
     if not state.admitted:
         which = "requests" if state.requests_level < 1 else "tokens"

@@ -19,7 +19,7 @@ import logging
 import re
 import time
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 import httpx
 
@@ -109,14 +109,23 @@ class SignalStore:
     async def read(self, replica_ids: Sequence[int]) -> dict[int, ReplicaSignals]:
         """Only replicas with fresh signals appear."""
         pipe = self._redis.pipeline(transaction=False)
+        parse = self.queue_read(pipe, replica_ids)
+        return parse(iter(await pipe.execute()))
+
+    def queue_read(self, pipe, replica_ids: Sequence[int]):
+        """`read` queued on `pipe`; returns the parser (it consumes its results in order)."""
         for rid in replica_ids:
             pipe.hgetall(self.key(rid))
-        out = {}
-        for rid, row in zip(replica_ids, await pipe.execute()):
-            if row:
-                out[rid] = ReplicaSignals(**{k.decode(): int(v) for k, v in row.items()
-                                             if k.decode() in ReplicaSignals.__dataclass_fields__})
-        return out
+
+        def parse(rows: Iterator) -> dict[int, ReplicaSignals]:
+            out = {}
+            for rid in replica_ids:
+                row = next(rows)
+                if row:
+                    out[rid] = ReplicaSignals(**{k.decode(): int(v) for k, v in row.items()
+                                                 if k.decode() in ReplicaSignals.__dataclass_fields__})
+            return out
+        return parse
 
     async def claim_poll(self, replica_id: int, interval_s: float) -> bool:
         # Slightly shorter than the interval, so the next tick of any process may claim again.

@@ -25,9 +25,11 @@ import logging
 import random
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
+from common import pipelines
+from common.pipelines import queue_script
 from common.ttl_cache import TtlCache
 from inference.circuit import HALF_OPEN, OPEN, CircuitBreaker
 from inference.hooks import engine_died
@@ -133,6 +135,21 @@ class OutstandingTokens:
             return {}
         values = await self._read(keys=self.keys(model_version_id),
                                   args=[self._now_ms(), *[str(i) for i in replica_ids]])
+        return self.parse_read(replica_ids, values)
+
+    @property
+    def scripts(self) -> tuple:
+        """The Lua scripts `queue_read` and `queue_hold` queue (common/pipelines.py)."""
+        return self._read, self._adjust
+
+    def queue_read(self, pipe, model_version_id: int, replica_ids: list[int]) -> None:
+        """`read` queued on `pipe` (one result: parse it with `parse_read`; `replica_ids`
+        must not be empty)."""
+        queue_script(pipe, self._read, self.keys(model_version_id),
+                     [self._now_ms(), *[str(i) for i in replica_ids]])
+
+    @staticmethod
+    def parse_read(replica_ids: list[int], values) -> dict[int, int]:
         return {rid: int(v or 0) for rid, v in zip(replica_ids, values)}
 
     async def add(self, model_version_id: int, replica_id: int, num_tokens: int) -> None:
@@ -145,6 +162,13 @@ class OutstandingTokens:
         now = self._now_ms()
         await self._adjust(keys=self.keys(model_version_id), args=[
             now, lease_id, str(replica_id), num_tokens, now + self._ttl_ms])
+
+    def queue_hold(self, pipe, model_version_id: int, lease_id: str, replica_id: int,
+                   num_tokens: int) -> None:
+        """`hold` queued on `pipe`."""
+        now = self._now_ms()
+        queue_script(pipe, self._adjust, self.keys(model_version_id),
+                     [now, lease_id, str(replica_id), num_tokens, now + self._ttl_ms])
 
     async def give_back(self, model_version_id: int, lease_id: str, replica_id: int,
                         num_tokens: int, *, end: bool = False) -> None:
@@ -175,6 +199,9 @@ class Lease:
     policy: str = ""
     block_hashes: tuple[int, ...] = ()
     is_half_open_trial: bool = False  # the half-open circuit's single trial request
+    # The replica's circuit had no state when it was chosen (no failure since the last
+    # success): its first token has nothing to reset (`Router.first_token` skips Redis).
+    circuit_clean: bool = False
     lease_id: str = field(default_factory=lambda: uuid.uuid4().hex)
 
     async def release_prompt(self) -> None:
@@ -228,6 +255,27 @@ class ServingCatalog:
         return await self._cache.get((model_name, tenant_id))
 
 
+@dataclass(eq=False)  # identity: two equal decisions are still two
+class _Inflight:
+    """A decision of this process whose lease is on its way to Redis (`landed`: None), or
+    landed at that epoch of the router's writes."""
+
+    model_version_id: int
+    replica_id: int
+    tokens: int
+    block_hashes: tuple[int, ...]
+    landed: int | None = None
+
+    def shared_blocks(self, block_hashes: tuple[int, ...]) -> int:
+        """Leading blocks of `block_hashes` this decision sends to its replica."""
+        n = 0
+        for mine, theirs in zip(self.block_hashes, block_hashes):
+            if mine != theirs:
+                break
+            n += 1
+        return n
+
+
 @dataclass
 class RoutingState:
     """The router's shared state in Redis."""
@@ -244,6 +292,14 @@ class RoutingState:
 
 
 class Router:
+    """Decisions take no lock: each reads its snapshot in one pipelined round trip and takes
+    its lease (outstanding tokens, prefix index, counters) in one more. Requests of this
+    process decided while another's lease is on its way to Redis see it anyway: the tokens and
+    prompt blocks chosen and not yet written are kept in memory (`_inflight`) and added to
+    every snapshot until the write lands, so requests arriving together do not all read the
+    same loads and pile onto one replica. Across processes the shared state is Redis itself
+    (one round trip stale at most)."""
+
     def __init__(self, directory: ReplicaDirectory, counter: OutstandingTokens, rng: random.Random,
                  state: RoutingState, poller: SignalPoller | None = None):
         self._directory = directory
@@ -251,10 +307,9 @@ class Router:
         self._rng = rng
         self.state = state
         self._poller = poller
-        # One routing decision at a time per model version in this process (a few ms of Redis
-        # round trips): otherwise requests arriving together all read the same loads before
-        # any of them adds its own, and pile onto one replica.
-        self._decisions: dict[int, asyncio.Lock] = {}
+        self._inflight: list[_Inflight] = []
+        self._epoch = 0
+        self._deciding: list[int] = []  # the epoch each running decision started at
 
     async def num_ready(self, model_version_id: int) -> int:
         return len(await self._directory.ready(model_version_id))
@@ -267,12 +322,27 @@ class Router:
         return factory(self._rng)
 
     async def snapshot(self, model_version_id: int, replicas: list[ReplicaInfo],
-                       request: RouteRequest) -> tuple[RouteRequest, list[Candidate]]:
+                       request: RouteRequest
+                       ) -> tuple[RouteRequest, list[Candidate], dict[int, str], set[int]]:
+        """Everything a decision reads, in one round trip: the round-robin sequence, the
+        outstanding tokens, the replicas' signals, the prefix index and the circuits."""
         ids = [r.replica_id for r in replicas]
-        sequence = await self.state.redis.incr(self.state.sequence_key(model_version_id))
-        loads = await self._counter.read(model_version_id, ids)
-        signals = await self.state.signals.read(ids)
-        prefix = await self.state.prefix_index.match(model_version_id, request.block_hashes, ids)
+
+        def build(pipe):
+            pipe.incr(self.state.sequence_key(model_version_id))
+            self._counter.queue_read(pipe, model_version_id, ids)
+            return (self.state.signals.queue_read(pipe, ids),
+                    self.state.prefix_index.queue_match(pipe, model_version_id,
+                                                        request.block_hashes, ids),
+                    self.state.circuit.queue_states(pipe, ids))
+
+        raw, (parse_signals, parse_prefix, parse_circuits) = await pipelines.execute(
+            self.state.redis, build, self._counter.scripts)
+        results = iter(raw)
+        sequence = next(results)
+        loads = self._counter.parse_read(ids, next(results))
+        signals, prefix, circuits = parse_signals(results), parse_prefix(results), \
+            parse_circuits(results)
         candidates = []
         for r in replicas:
             s = signals.get(r.replica_id)
@@ -282,7 +352,8 @@ class Router:
                 kv_total_blocks=s.kv_total_blocks if s else None,
                 waiting_seqs=s.waiting_seqs if s else None))
         return RouteRequest(request.tenant_id, request.num_prompt_tokens, request.max_tokens,
-                            request.block_hashes, sequence), candidates
+                            request.block_hashes, sequence), candidates, circuits, \
+            parse_circuits.clean
 
     async def acquire(self, model_version_id: int, policy_name: str, request: RouteRequest,
                       exclude: frozenset[int] = frozenset()) -> Lease:
@@ -290,30 +361,55 @@ class Router:
         if self._poller is not None:
             self._poller.watch(ready)
         replicas = [r for r in ready if r.replica_id not in exclude]
-        circuits = await self.state.circuit.states([r.replica_id for r in replicas])
-        for r in replicas:
-            if circuits[r.replica_id] == HALF_OPEN and await self.state.circuit.try_half_open_trial(r.replica_id):
-                return await self._lease(model_version_id, policy_name, request,
-                                         Candidate(r, 0), is_half_open_trial=True)
-        replicas = [r for r in replicas if circuits[r.replica_id] not in (OPEN, HALF_OPEN)]
         if not replicas:
             raise NoReplicaReady()
-        if len(replicas) == 1:
-            # Nothing to choose, so nothing to serialise: a lone replica's requests do not
-            # queue behind each other's Redis round trips (a burst's decisions added ~6 ms to
-            # every other tenant's first token here).
-            return await self._decide(model_version_id, policy_name, request, replicas)
-        async with self._decisions.setdefault(model_version_id, asyncio.Lock()):
-            return await self._decide(model_version_id, policy_name, request, replicas)
+        start = self._epoch
+        self._deciding.append(start)
+        try:
+            request, candidates, circuits, clean = await self.snapshot(model_version_id,
+                                                                       replicas, request)
+            for c in candidates:
+                rid = c.replica.replica_id
+                if circuits[rid] == HALF_OPEN and await self.state.circuit.try_half_open_trial(rid):
+                    return await self._lease(model_version_id, policy_name, request,
+                                             Candidate(c.replica, 0), is_half_open_trial=True)
+            candidates = [c for c in candidates
+                          if circuits[c.replica.replica_id] not in (OPEN, HALF_OPEN)]
+            if not candidates:
+                raise NoReplicaReady()
+            if len(candidates) > 1:
+                candidates = self._with_inflight(model_version_id, request, candidates, start)
+            chosen = self.policy(policy_name).choose(request, candidates)
+        finally:
+            self._deciding.remove(start)
+            self._prune()
+        return await self._lease(model_version_id, policy_name, request, chosen,
+                                 circuit_clean=chosen.replica.replica_id in clean)
 
-    async def _decide(self, model_version_id: int, policy_name: str, request: RouteRequest,
-                      replicas: list[ReplicaInfo]) -> Lease:
-        request, candidates = await self.snapshot(model_version_id, replicas, request)
-        chosen = self.policy(policy_name).choose(request, candidates)
-        return await self._lease(model_version_id, policy_name, request, chosen)
+    def _prune(self) -> None:
+        oldest = min(self._deciding, default=self._epoch)
+        self._inflight = [i for i in self._inflight if i.landed is None or i.landed > oldest]
+
+    def _with_inflight(self, model_version_id: int, request: RouteRequest,
+                       candidates: list[Candidate], start: int) -> list[Candidate]:
+        """The snapshot plus this process's decisions its read may have missed."""
+        mine = [i for i in self._inflight if i.model_version_id == model_version_id
+                and (i.landed is None or i.landed > start)]
+        if not mine:
+            return candidates
+        out = []
+        for c in candidates:
+            rid = c.replica.replica_id
+            extra = sum(i.tokens for i in mine if i.replica_id == rid)
+            blocks = max([c.prefix_blocks] + [i.shared_blocks(request.block_hashes)
+                                              for i in mine if i.replica_id == rid])
+            out.append(replace(c, outstanding_tokens=c.outstanding_tokens + extra,
+                               prefix_blocks=blocks))
+        return out
 
     async def _lease(self, model_version_id: int, policy_name: str, request: RouteRequest,
-                     chosen: Candidate, is_half_open_trial: bool = False) -> Lease:
+                     chosen: Candidate, is_half_open_trial: bool = False,
+                     circuit_clean: bool = False) -> Lease:
         replica_id = chosen.replica.replica_id
         prompt = request.num_prompt_tokens - chosen.hit_tokens(request)
         lease = Lease(
@@ -325,20 +421,38 @@ class Router:
             policy=policy_name,
             block_hashes=request.block_hashes,
             is_half_open_trial=is_half_open_trial,
+            circuit_clean=circuit_clean,
         )
-        await self._counter.hold(model_version_id, lease.lease_id, replica_id, lease.held_tokens)
+        inflight = _Inflight(model_version_id, replica_id, lease.held_tokens,
+                             request.block_hashes)
+        self._inflight.append(inflight)  # before any await: the next decision sees it
         try:
-            await self.state.prefix_index.record(model_version_id, request.block_hashes,
-                                                 replica_id)
-            await self.state.stats.add(model_version_id, replica_id, policy_name, routed=1)
+            def build(pipe):  # one round trip: the tokens, the prefix index, the counters
+                self._counter.queue_hold(pipe, model_version_id, lease.lease_id, replica_id,
+                                         lease.held_tokens)
+                self.state.prefix_index.queue_record(pipe, model_version_id,
+                                                     request.block_hashes, replica_id)
+                self.state.stats.queue_add(pipe, model_version_id, replica_id, policy_name,
+                                           routed=1)
+
+            await pipelines.execute(self.state.redis, build, self._counter.scripts)
         except BaseException:  # the caller never sees this lease: give its tokens back here
+            self._inflight.remove(inflight)
             await asyncio.shield(_release_quietly(lease))
             raise
+        self._epoch += 1
+        inflight.landed = self._epoch
+        self._prune()
         return lease
 
     # ---- outcomes (inference/generation.py reports them) ---------------------------------------
 
     async def first_token(self, lease: Lease) -> None:
+        """A success resets the replica's circuit; one that had no state when the request was
+        routed has nothing to reset (no round trip: a failure recorded since then by another
+        request is reset by the next success routed after it)."""
+        if lease.circuit_clean:
+            return
         await self.state.circuit.record_success(lease.replica.replica_id)
 
     async def failed(self, lease: Lease, *, before_first_token: bool, retrying: bool) -> None:

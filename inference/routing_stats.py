@@ -38,13 +38,18 @@ class RoutingStats:
     async def add(self, model_version_id: int, replica_id: int, policy: str,
                   **counts: int) -> None:
         pipe = self._redis.pipeline(transaction=False)
+        self.queue_add(pipe, model_version_id, replica_id, policy, **counts)
+        await pipe.execute()
+
+    def queue_add(self, pipe, model_version_id: int, replica_id: int, policy: str,
+                  **counts: int) -> None:
+        """`add` queued on `pipe` (the router sends it with the lease it takes)."""
         pipe.sadd(self.models_key(), model_version_id)
         for name, value in counts.items():
             if name not in COUNTERS:
                 raise ValueError(f"unknown routing counter {name!r}")
             if value:
                 pipe.hincrby(self.key(model_version_id), f"{name}|{replica_id}|{policy}", value)
-        await pipe.execute()
 
     async def prometheus(self, circuit: CircuitBreaker) -> str:
         samples: dict[str, list[str]] = {name: [] for name, _ in COUNTERS.values()}

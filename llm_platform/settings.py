@@ -209,8 +209,12 @@ LOGGING = logging_config(env_str("LOG_LEVEL", "INFO"), env_str("LOG_FORMAT", "au
 # Bodies over this many bytes get 413 (Django's own limit is aligned so it never answers 400).
 API_MAX_BODY_BYTES = env_int("API_MAX_BODY_BYTES", 1024 * 1024)
 DATA_UPLOAD_MAX_MEMORY_SIZE = API_MAX_BODY_BYTES
-# An API key looked up in the database is trusted from the cache for this long; revocation
-# through the service also deletes the cache entry at once.
+# /healthz also reports the answering process's id (tests and benchmarks that check several API
+# processes share one port; off in deployments).
+API_REPORT_PROCESS_ID = env_bool("API_REPORT_PROCESS_ID", False)
+# An API key looked up in the database is trusted from the cache (Redis, and each process's
+# memory until this long after the Redis entry was written) for this long; revocation through
+# the service deletes the Redis entry and tells every process to drop its own at once.
 API_KEY_CACHE_SECONDS = env_float("API_KEY_CACHE_SECONDS", 5.0)
 # A presented key that matched nothing is refused from Redis (no database query) for this long.
 # New keys are random, so none is refused in advance; a reactivated tenant's keys work again

@@ -54,7 +54,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--kv-cache-bytes", type=int, default=defaults.kv_cache_bytes)
     parser.add_argument("--max-num-seqs", type=int, default=defaults.max_num_seqs)
     parser.add_argument("--max-num-batched-tokens", type=int, default=defaults.max_num_batched_tokens)
-    parser.add_argument("--num-threads", type=int, default=0, help="torch threads in the engine (0: torch default)")
+    parser.add_argument("--num-threads", type=int, default=0,
+                        help="torch threads in the engine (0: torch default); shared out among tensor-parallel ranks")
+    # --tensor-parallel-degree: the name of the version's field (ModelVersion.tensor_parallel_degree)
+    parser.add_argument("--tensor-parallel", "--tensor-parallel-degree", dest="tensor_parallel", type=int,
+                        default=defaults.tensor_parallel,
+                        help="ranks (devices) this one replica runs over: attention heads and MLP columns sharded, "
+                             "rank 0 in tritonserver drives N-1 worker processes (CUDA: N visible devices)")
     parser.add_argument("--grpc-port", type=int, required=True)
     parser.add_argument("--http-port", type=int, required=True)
     parser.add_argument("--metrics-port", type=int, required=True)
@@ -65,6 +71,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--drain-grace-s", type=float, default=defaults.drain_grace_s)
     parser.add_argument("--ready-timeout-s", type=float, default=600.0)
     args = parser.parse_args(argv)
+    if args.tensor_parallel < 1:
+        parser.error(f"--tensor-parallel must be at least 1, not {args.tensor_parallel}")
     if args.device not in ("cpu", "cuda"):  # argparse does not check a default against choices
         parser.error(f"REPLICA_DEVICE must be cpu or cuda, not {args.device!r}")
     return args
@@ -86,6 +94,7 @@ def spec_from_args(args: argparse.Namespace, env: dict[str, str] | None = None) 
             max_num_seqs=args.max_num_seqs,
             max_num_batched_tokens=args.max_num_batched_tokens,
             num_threads=args.num_threads,
+            tensor_parallel=args.tensor_parallel,
         ),
         workdir=args.workdir,
         drain_grace_s=args.drain_grace_s,
@@ -112,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"replica ready: model={args.model} grpc={args.grpc_port} http={args.http_port} "
         f"metrics={args.metrics_port} pid={replica.pid} weights={replica.weights_path} "
-        f"quantization={args.quantization} bind={args.bind_address} "
+        f"quantization={args.quantization} tensor_parallel={args.tensor_parallel} bind={args.bind_address} "
         f"access={'token' if replica.spec.access_token else 'open'} "
         f"in {time.monotonic() - started:.1f}s (log: {replica.log_path})",
         flush=True,

@@ -5,9 +5,11 @@ PostgreSQL and Redis (given, local, or embedded under ./var/), migrations, the d
 scaling policy of one replica), one node agent (node `local`: a Celery worker on `node.local`),
 daphne, the billing consumer, a Celery worker and Celery beat. Beat's autoscaler places the
 replica on the node; the agent starts it through replica.launch and marks it ready after a
-warm-up request. Logs: var/logs/ (the replica's: var/logs/agents/).
+warm-up request. The API is WEB_PROCESSES daphne processes (default: one per core) sharing one
+listening socket (llm_platform/web_processes.py). Logs: var/logs/ (the replica's:
+var/logs/agents/).
 
-Stop order (Ctrl-C): the API (daphne) first, so that its in-flight requests end and send their
+Stop order (Ctrl-C): the API (its daphne processes) first, so that its in-flight requests end and send their
 usage events while the replica and Redis are still up; then the node agent (it drains its
 replica), Celery beat and worker; the billing consumer last, after it drained the usage stream
 and this host's outbox; then the private PostgreSQL and Redis. The private Redis keeps its data
@@ -36,15 +38,9 @@ VAR = REPO / "var"
 LOGS = VAR / "logs"
 
 
-def listen_endpoint(host: str, port: int) -> str:
-    """daphne's Twisted endpoint: a deep accept backlog (Twisted's default of 50 reset
-    connections in a burst of a few hundred clients arriving at once)."""
-    return f"tcp:port={port}:interface={host}:backlog=1024"
-
-
 # The API first (its last requests bill while everything else is up), the consumer last.
-STOP_ORDER = ("daphne", "node-agent", "celery-beat", "celery-worker", "billing-consumer")
-STOP_GRACE_SECONDS = {"daphne": 30, "node-agent": 60, "billing-consumer": 30}
+STOP_ORDER = ("api", "node-agent", "celery-beat", "celery-worker", "billing-consumer")
+STOP_GRACE_SECONDS = {"api": 35, "node-agent": 60, "billing-consumer": 30}
 
 
 def secret_key() -> str:
@@ -145,8 +141,9 @@ def main() -> int:
         print(supervisor.manage("seeddemo"), flush=True)
         supervisor.start("node-agent", ["manage.py", "nodeagent", "--name", "local", "--zone",
                                         "local", "--cpu-slots", "2", "--memory-mib", "4096"])
-        supervisor.start("daphne", ["-m", "daphne", "-e", listen_endpoint(args.host, args.port),
-                                    "llm_platform.asgi:application"])
+        # WEB_PROCESSES daphne processes (default: one per core) on one listening socket.
+        supervisor.start("api", ["-m", "llm_platform.web_processes", "--host", args.host,
+                                 "--port", str(args.port)])
         # Usage stream -> PostgreSQL; also replays this host's usage outbox (var/billing-outbox).
         supervisor.start("billing-consumer", ["manage.py", "billingconsumer",
                                               "--name", f"{os.uname().nodename}-serve"])

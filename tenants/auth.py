@@ -1,7 +1,17 @@
-"""API-key authentication with a short shared cache in Redis.
+"""API-key authentication: an in-process cache in front of a short shared cache in Redis.
+
+`KeyAuthenticator` (one per API process and event loop) answers a key it saw recently without
+any round trip: its in-process `TtlCache` reuses an entry until `cache_seconds` after the entry
+was written to Redis (the stamp travels in the entry), so the two caches never add their TTLs.
+Revocation through `tenants.services.revoke_api_key` deletes the Redis entry and PUBLISHes the
+key's hash; every process listens on that channel and drops its entry. The in-process cache is
+used only while that subscription is live (it is cleared whenever the subscription is
+(re)made, since messages may have been missed); without it every request reads Redis, as
+before.
 
 Invariants: a key revoked in the database stops authenticating within `cache_seconds` (the
-cache entry's TTL), or at once when revoked through `tenants.services.revoke_api_key`. A
+cache entry's TTL), or at once (one pub/sub delivery) when revoked through
+`tenants.services.revoke_api_key`. A
 well-formed key that matches nothing costs one database query, then is refused from Redis for
 `negative_seconds` (an entry keyed by its hash, never the key itself): a flood of one bogus key
 never reaches PostgreSQL. A new key is random, so no refusal can be cached for it in advance;
@@ -9,10 +19,17 @@ a key of a deactivated tenant works again within `negative_seconds` of reactivat
 """
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
+import logging
+import time
 from dataclasses import asdict, dataclass
+from typing import Callable
 
 from django.utils import timezone
+
+from common.ttl_cache import TtlCache
 
 from tenants.keys import hash_key, hashes_match, prefix_of
 from tenants.models import ApiKey
@@ -33,6 +50,9 @@ class Principal:
 
 class AuthenticationFailed(Exception):
     pass
+
+
+logger = logging.getLogger(__name__)
 
 
 def cache_key(prefix: str, key_hash: str) -> str:
@@ -59,6 +79,13 @@ async def authenticate(raw_key: str | None, redis, key_prefix: str, cache_second
     `redis` is an asyncio Redis client (injected). Misses read PostgreSQL once and cache the
     result for `cache_seconds`; a refusal is cached for `negative_seconds` (0: not cached).
     """
+    return (await _authenticate(raw_key, redis, key_prefix, cache_seconds,
+                                negative_seconds))[0]
+
+
+async def _authenticate(raw_key: str | None, redis, key_prefix: str, cache_seconds: float,
+                        negative_seconds: float) -> tuple[Principal, float]:
+    """(principal, wall-clock time its Redis entry was written)."""
     if not raw_key or prefix_of(raw_key) is None:
         raise AuthenticationFailed("Invalid API key.")
     digest = hash_key(raw_key)
@@ -69,17 +96,100 @@ async def authenticate(raw_key: str | None, redis, key_prefix: str, cache_second
     if cached is not None:
         data = json.loads(cached)
         stored_hash = data.pop("key_hash")
+        written_at = float(data.pop("at", 0.0))
         if hashes_match(stored_hash, raw_key):
-            return Principal(**data)
+            return Principal(**data), written_at
     try:
         principal, stored_hash = await _load_from_database(raw_key)
     except AuthenticationFailed:
         if negative_seconds > 0:
             await redis.set(rkey, b"1", px=max(1, int(negative_seconds * 1000)))
         raise
-    payload = {**asdict(principal), "key_hash": stored_hash}
+    written_at = time.time()
+    payload = {**asdict(principal), "key_hash": stored_hash, "at": written_at}
     await redis.set(ckey, json.dumps(payload), px=max(1, int(cache_seconds * 1000)))
-    return principal
+    return principal, written_at
+
+
+# How long the invalidation listener blocks for a message before it looks at its state, and
+# waits before subscribing again after a failure.
+_LISTEN_S = 1.0
+_RESUBSCRIBE_S = 0.5
+
+
+class KeyAuthenticator:
+    """`authenticate` with an in-process cache (see the module's docstring): a key seen in the
+    last `cache_seconds` costs no round trip. `clock`: wall-clock seconds (entries are stamped
+    with the time they were written to Redis, by any process)."""
+
+    def __init__(self, redis, key_prefix: str, cache_seconds: float, negative_seconds: float,
+                 clock: Callable[[], float] = time.time):
+        self._redis = redis
+        self._prefix = key_prefix
+        self._cache_seconds = cache_seconds
+        self._negative_seconds = negative_seconds
+        self.channel = redis_keys.auth_changes(key_prefix)
+        self._local: TtlCache[str, tuple[Principal, float]] = TtlCache(
+            self._load, clock, cache_seconds, stamp=lambda entry: entry[1])
+        self._pending: dict[str, str] = {}  # digest -> the raw key being loaded (never kept)
+        self._live = False  # the invalidation subscription is up: the local cache may be used
+        self._task: asyncio.Task | None = None
+
+    async def _load(self, digest: str) -> tuple[Principal, float]:
+        return await _authenticate(self._pending[digest], self._redis, self._prefix,
+                                   self._cache_seconds, self._negative_seconds)
+
+    async def authenticate(self, raw_key: str | None) -> Principal:
+        if not raw_key or prefix_of(raw_key) is None:
+            raise AuthenticationFailed("Invalid API key.")
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._listen())
+        digest = hash_key(raw_key)
+        if not self._live:
+            self._local.clear()
+        self._pending[digest] = raw_key
+        try:
+            return (await self._local.get(digest))[0]
+        finally:
+            self._pending.pop(digest, None)
+
+    @property
+    def live(self) -> bool:
+        """The in-process cache is in use (its invalidation subscription is up)."""
+        return self._live
+
+    def forget(self, digest: str) -> None:
+        self._local.forget(digest)
+
+    async def _listen(self) -> None:
+        while True:
+            pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
+            try:
+                await pubsub.subscribe(self.channel)
+                self._local.clear()  # whatever was published while unsubscribed is lost
+                self._live = True
+                while True:
+                    message = await pubsub.get_message(timeout=_LISTEN_S)
+                    if message is not None and message.get("type") == "message":
+                        data = message["data"]
+                        self.forget(data.decode() if isinstance(data, bytes) else data)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - Redis away: no local cache until back
+                logger.warning("API key invalidation subscription failed: %r", exc)
+            finally:
+                self._live = False
+                self._local.clear()
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(pubsub.aclose())
+            await asyncio.sleep(_RESUBSCRIBE_S)
+
+    async def close(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
 
 
 async def _load_from_database(raw_key: str) -> tuple[Principal, str]:

@@ -40,6 +40,9 @@ local function store(key, level, ts, ttl)
 end
 """
 
+# KEYS[3] (optional): a fixed-window request counter counted first (ARGV[8]: its limit,
+# ARGV[9]: ms to the window's end); over its limit nothing is charged and the 5th value
+# returned is the ms until the window ends (-1 otherwise).
 CHECK_SCRIPT = _REFILL + """
 local now = tonumber(ARGV[1])
 local req_per_min, req_burst = tonumber(ARGV[2]), tonumber(ARGV[3])
@@ -47,17 +50,24 @@ local tok_per_min, tok_burst = tonumber(ARGV[4]), tonumber(ARGV[5])
 local cost, ttl = tonumber(ARGV[6]), tonumber(ARGV[7])
 local req, req_ts = refill(KEYS[1], now, req_per_min, req_burst)
 local tok, tok_ts = refill(KEYS[2], now, tok_per_min, tok_burst)
+if KEYS[3] then
+  local count = redis.call('INCR', KEYS[3])
+  if count == 1 then redis.call('PEXPIRE', KEYS[3], tonumber(ARGV[9])) end
+  if count > tonumber(ARGV[8]) then
+    return {0, 0, string.format('%.17g', req), string.format('%.17g', tok), tonumber(ARGV[9])}
+  end
+end
 if req >= 1 and tok >= cost then
   req = req - 1
   tok = tok - cost
   store(KEYS[1], req, req_ts, ttl)
   store(KEYS[2], tok, tok_ts, ttl)
-  return {1, 0, string.format('%.17g', req), string.format('%.17g', tok)}
+  return {1, 0, string.format('%.17g', req), string.format('%.17g', tok), -1}
 end
 local wait = 0
 if req < 1 then wait = math.max(wait, (1 - req) * 60000.0 / req_per_min) end
 if tok < cost then wait = math.max(wait, (cost - tok) * 60000.0 / tok_per_min) end
-return {0, math.ceil(wait), string.format('%.17g', req), string.format('%.17g', tok)}
+return {0, math.ceil(wait), string.format('%.17g', req), string.format('%.17g', tok), -1}
 """
 
 # KEYS: tokens bucket. ARGV: now_ms, tok_per_min, tok_burst, delta (charge > 0, refund < 0),
@@ -96,6 +106,17 @@ def _refill_s(missing: float, per_minute: int) -> float:
 
 
 @dataclass(frozen=True)
+class WindowCount:
+    """A fixed-window request counter counted in the same call as the buckets: `key` counts
+    the current window, which ends in `window_left_ms`; more than `limit` requests in it are
+    refused (BucketState.window_retry_ms) and charge nothing."""
+
+    key: str
+    limit: int
+    window_left_ms: int
+
+
+@dataclass(frozen=True)
 class BucketState:
     """What the x-ratelimit-* headers report after a check (or a peek: not admitted, no wait,
     nothing charged)."""
@@ -105,6 +126,7 @@ class BucketState:
     wait_ms: int  # 0 when admitted: how long until this request would be admitted
     requests_level: float
     tokens_level: float
+    window_retry_ms: int = -1  # >= 0: refused by the WindowCount, which resets in this many ms
 
     def reset_requests_s(self) -> float:
         """Seconds until the requests bucket is full again (0 when it never refills)."""
@@ -145,14 +167,20 @@ class TokenBuckets:
                       limits.token_burst * 60000 // max(1, limits.tokens_per_minute))
         return int(full_ms) + 60_000
 
-    async def check(self, limits: Limits, num_tokens: int) -> BucketState:
-        """Admit and charge one request of `num_tokens` (estimated), or say how long to wait."""
-        admitted, wait_ms, req_level, tok_level = await self._check(
-            keys=list(self.keys(limits.tenant_id)),
-            args=[self._now_ms(), limits.requests_per_minute, limits.request_burst,
-                  limits.tokens_per_minute, limits.token_burst, num_tokens, self._ttl_ms(limits)])
+    async def check(self, limits: Limits, num_tokens: int,
+                    count: WindowCount | None = None) -> BucketState:
+        """Admit and charge one request of `num_tokens` (estimated), or say how long to wait.
+        `count`: also count the request in a fixed window, first (one round trip for both)."""
+        keys = list(self.keys(limits.tenant_id))
+        args = [self._now_ms(), limits.requests_per_minute, limits.request_burst,
+                limits.tokens_per_minute, limits.token_burst, num_tokens, self._ttl_ms(limits)]
+        if count is not None:
+            keys.append(count.key)
+            args += [count.limit, max(1, count.window_left_ms)]
+        admitted, wait_ms, req_level, tok_level, window_retry_ms = await self._check(
+            keys=keys, args=args)
         return BucketState(limits, bool(int(admitted)), int(wait_ms), float(req_level),
-                           float(tok_level))
+                           float(tok_level), int(window_retry_ms))
 
     async def peek(self, limits: Limits) -> BucketState:
         """Both buckets' levels now, charging nothing (a plain read, refilled in Python)."""

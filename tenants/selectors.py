@@ -1,12 +1,18 @@
 """Reads on tenants: the effective limits and scheduling class of a tenant.
 
 `LimitsCache` keeps each tenant's `Limits` in Redis for `ttl_seconds`, so an edit in the admin
-reaches every platform process within that time without a restart.
+reaches every platform process within that time without a restart; each process also keeps
+them in memory until `ttl_seconds` after they were written to Redis (no round trip per
+request, the same bound).
 """
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import asdict, dataclass
+from typing import Callable
+
+from common.ttl_cache import TtlCache
 
 from tenants.models import Tenant
 from common import redis_keys
@@ -66,21 +72,32 @@ async def tenant_limits(tenant_id: int) -> Limits:
 class LimitsCache:
     """`tenant_limits` shared through Redis for `ttl_seconds` (0 = always read PostgreSQL)."""
 
-    def __init__(self, redis, key_prefix: str, ttl_seconds: float):
+    def __init__(self, redis, key_prefix: str, ttl_seconds: float,
+                 clock: Callable[[], float] = time.time):
         self._redis = redis
         self._prefix = key_prefix
         self._ttl = ttl_seconds
+        # In memory until ttl_seconds after the Redis entry was written (wall clock).
+        self._local: TtlCache[int, tuple[Limits, float]] = TtlCache(
+            self._load, clock, ttl_seconds, stamp=lambda entry: entry[1])
 
     def key(self, tenant_id: int) -> str:
         return redis_keys.tenant_limits(self._prefix, tenant_id)
 
     async def get(self, tenant_id: int) -> Limits:
-        if self._ttl > 0:
-            cached = await self._redis.get(self.key(tenant_id))
-            if cached is not None:
-                return Limits(**json.loads(cached))
+        if self._ttl <= 0:
+            return await tenant_limits(tenant_id)
+        return (await self._local.get(tenant_id))[0]
+
+    async def _load(self, tenant_id: int) -> tuple[Limits, float]:
+        cached = await self._redis.get(self.key(tenant_id))
+        if cached is not None:
+            data = json.loads(cached)
+            written_at = float(data.pop("at", 0.0))
+            return Limits(**data), written_at
         limits = await tenant_limits(tenant_id)
-        if self._ttl > 0:
-            await self._redis.set(self.key(tenant_id), json.dumps(asdict(limits)),
-                                  px=max(1, int(self._ttl * 1000)))
-        return limits
+        written_at = time.time()
+        await self._redis.set(self.key(tenant_id),
+                              json.dumps({**asdict(limits), "at": written_at}),
+                              px=max(1, int(self._ttl * 1000)))
+        return limits, written_at

@@ -55,15 +55,21 @@ def create_api_key(tenant: Tenant, name: str = "") -> IssuedKey:
 
 
 def revoke_api_key(api_key: ApiKey, redis_client=None, key_prefix: str = "") -> ApiKey:
-    """Revoke now. With a (sync) Redis client the auth cache entry is dropped at once; without
-    one the cached entry still expires within settings.API_KEY_CACHE_SECONDS."""
+    """Revoke now. With a (sync) Redis client the auth cache entry is dropped at once and every
+    API process is told to drop its in-process entry (pub/sub); without one the cached entries
+    still expire within settings.API_KEY_CACHE_SECONDS."""
     if api_key.revoked_at is None:
         api_key.revoked_at = timezone.now()
         api_key.save(update_fields=["revoked_at"])
     if redis_client is not None:
         from tenants.auth import cache_key
 
-        redis_client.delete(cache_key(key_prefix, api_key.key_hash))
+        from common import redis_keys
+
+        pipe = redis_client.pipeline(transaction=False)
+        pipe.delete(cache_key(key_prefix, api_key.key_hash))
+        pipe.publish(redis_keys.auth_changes(key_prefix), api_key.key_hash)
+        pipe.execute()
     return api_key
 
 

@@ -105,7 +105,8 @@ USAGE = {
 }
 
 # inference/views/catalog.py
-HEALTH = {"type": "object", "required": ["status"], "properties": {"status": {"const": "ok"}}}
+HEALTH = {"type": "object", "required": ["status"],
+          "properties": {"status": {"const": "ok"}, "pid": {"type": "integer"}}}
 READY = {
     "type": "object", "required": ["status", "checks"],
     "properties": {"status": {"enum": ["ready", "not_ready"]},

@@ -13,6 +13,7 @@ Probes, and the question each answers:
 from __future__ import annotations
 
 import asyncio
+import os
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
@@ -52,7 +53,10 @@ async def model_view(request, model_id: str):
 @api_endpoint("GET")
 async def healthz_view(request):
     """Liveness (also at /health, the path LLM servers and load generators probe): the
-    process answers; no dependency is checked (that is /readyz)."""
+    process answers; no dependency is checked (that is /readyz). With
+    settings.API_REPORT_PROCESS_ID, also which process answered (several share one port)."""
+    if settings.API_REPORT_PROCESS_ID:
+        return JsonResponse({"status": "ok", "pid": os.getpid()})
     return JsonResponse({"status": "ok"})
 
 

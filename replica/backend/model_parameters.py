@@ -22,6 +22,7 @@ class ModelParameters:
     max_num_seqs: int = _DEFAULTS.max_num_seqs
     max_num_batched_tokens: int = _DEFAULTS.max_num_batched_tokens
     num_threads: int = 0  # torch intra-op threads; 0 = torch's default
+    tensor_parallel: int = _DEFAULTS.tensor_parallel  # ranks one replica runs over (replica/engine/parallel/)
     drain_file: str = ""  # "" = no drain signal
     drain_grace_s: float = 30.0
     engine_dead_file: str = ""  # written (with the reason) when the engine loop dies; "" = none
@@ -47,6 +48,7 @@ class ModelParameters:
             max_num_seqs=self.max_num_seqs,
             max_num_batched_tokens=self.max_num_batched_tokens,
             num_threads=self.num_threads or None,
+            tensor_parallel=self.tensor_parallel,
         )
 
     def render_into(self, config_pbtxt: str) -> str:

@@ -62,4 +62,5 @@ class EngineConfig:
     max_model_len: int | None = None  # default: the model's context length
     enable_prefix_caching: bool = True
     num_threads: int | None = None  # torch intra-op threads; None = torch's default
+    tensor_parallel: int = 1  # ranks (devices) one replica runs over: replica/engine/parallel/
     extra: dict[str, Any] = field(default_factory=dict)

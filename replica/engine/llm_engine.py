@@ -31,7 +31,7 @@ class LLMEngine:
         device = torch.device(config.device)
         dtype = next(model.parameters()).dtype
         self.dtype = dtype  # the compute dtype (`auto` resolved): KV cache and activations
-        num_blocks = config.kv_cache_bytes // kv_bytes_per_block(model_config, config.block_size, dtype)
+        num_blocks = num_kv_blocks(config, model_config, dtype)
         if num_blocks < 2:
             raise ValueError(
                 f"--kv-cache-bytes {config.kv_cache_bytes} holds {num_blocks} blocks of {config.block_size} tokens; "
@@ -44,6 +44,7 @@ class LLMEngine:
         runner = ModelRunner(model, num_blocks, config.block_size, dtype, device)
         eos = tuple(model_config.eos_token_ids) or tuple(tokenizer.eos_token_ids)
         self.core = EngineCore(scheduler, runner, tokenizer, eos, clock=clock)
+        self._model = model
 
     @classmethod
     def from_config(cls, config: EngineConfig, **kwargs) -> "LLMEngine":
@@ -54,6 +55,12 @@ class LLMEngine:
         normalize_quantization(config.quantization)  # an unknown or unbuilt one fails before the load
         checkpoint = load_checkpoint(config.model_path)
         dtype = dtype_name(resolve_dtype(config.dtype, config.device))
+        if config.tensor_parallel > 1:  # one replica over N ranks: replica/engine/parallel/
+            from replica.engine.parallel.driver import start_tensor_parallel
+
+            num_blocks = num_kv_blocks(config, checkpoint.config, resolve_dtype(dtype, config.device))
+            model = start_tensor_parallel(config, checkpoint, dtype, num_blocks)
+            return cls(config, checkpoint.config, model, checkpoint.tokenizer, **kwargs)
         blocks = None
         if normalize_quantization(config.quantization) == INT4:
             from replica.engine.models.gguf_linear import load_block_weights
@@ -62,6 +69,17 @@ class LLMEngine:
         model = build_model(checkpoint.config, checkpoint.state_dict, dtype, config.device,
                             quantization=config.quantization, blocks=blocks)
         return cls(config, checkpoint.config, model, checkpoint.tokenizer, **kwargs)
+
+    def on_failure(self, callback: Callable[[str], None]) -> None:
+        """`callback(reason)` when the engine can no longer step (a tensor-parallel worker died);
+        never called for a single-device engine."""
+        if hasattr(self._model, "on_failure"):
+            self._model.on_failure(callback)
+
+    def close(self) -> None:
+        """Stop what the engine started besides this thread (tensor-parallel workers)."""
+        if hasattr(self._model, "close"):
+            self._model.close()
 
     # --- the request API -------------------------------------------------------------------
 
@@ -96,6 +114,12 @@ class LLMEngine:
             for out in self.step():
                 outputs[out.request_id].extend(out.new_token_ids)
         return [outputs[rid] for rid in ids]
+
+
+def num_kv_blocks(config: EngineConfig, model_config: ModelConfig, dtype: torch.dtype) -> int:
+    """KV blocks the budget buys, counted over all KV heads: a tensor-parallel replica has the
+    blocks of a single-device one, each rank holding its heads' share of every block."""
+    return config.kv_cache_bytes // kv_bytes_per_block(model_config, config.block_size, dtype)
 
 
 def build_model(model_config: ModelConfig, state_dict: dict[str, torch.Tensor], dtype: str, device: str,

@@ -24,14 +24,14 @@ def test_the_api_stops_first_and_the_consumer_last(tmp_path):
               "print('up', flush=True)\n"
               "while True: signal.pause()\n")  # until SIGTERM
     supervisor = Supervisor({})
-    for name in ("node-agent", "daphne", "billing-consumer", "celery-worker", "celery-beat"):
+    for name in ("node-agent", "api", "billing-consumer", "celery-worker", "celery-beat"):
         proc = subprocess.Popen([sys.executable, "-c", script, name], stdout=subprocess.PIPE,
                                 start_new_session=True)
         assert proc.stdout.readline() == b"up\n"  # its handler is installed
         supervisor.procs.append((name, proc))
     supervisor.stop_all()
     assert stopped.read_text().split() == list(STOP_ORDER)
-    assert STOP_ORDER[0] == "daphne" and STOP_ORDER[-1] == "billing-consumer"
+    assert STOP_ORDER[0] == "api" and STOP_ORDER[-1] == "billing-consumer"
 
 
 def test_the_private_redis_keeps_the_stream_across_a_restart(tmp_path):

@@ -190,8 +190,8 @@ async def test_dead_waiter_is_never_handed_a_slot(redis):
                            heartbeat_s=5.0)
     holder = await queue.admit("m", 1, waiter("A"), capacity=1)
     # A process that queued (ahead of B: higher tier) and then died: it never polls again.
-    await queue._enter(keys=queue.keys("m"), args=[
-        int(clock[0] * 1000), 900_000, "unused:", "D:1:dead", 0, "D", 1, 1, 1, 0, 10, 5000])
+    await queue._enter(keys=[*queue.keys("m"), queue.models_key()], args=[
+        int(clock[0] * 1000), 900_000, "unused:", "D:1:dead", 0, "D", 1, 1, 1, 0, 10, 5000, "m"])
     clock[0] += 10  # its heartbeat lapses
     live = asyncio.create_task(queue.admit("m", 1, waiter("B"), capacity=1))
     await async_wait_until(lambda: _has_waiting(redis, queue, "B"), 5.0, "B queued")

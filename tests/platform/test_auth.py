@@ -157,3 +157,49 @@ async def test_no_negative_cache_when_turned_off(monkeypatch, tenant):
         with pytest.raises(AuthenticationFailed):
             await authenticate(bogus, container.redis, container.key_prefix, 1.0, 0.0)
     assert loads.calls == 2
+
+
+async def _authenticates(authenticator, raw_key: str) -> bool:
+    try:
+        await authenticator.authenticate(raw_key)
+    except AuthenticationFailed:
+        return False
+    return True
+
+
+@pytest.mark.asyncio
+async def test_the_process_cache_answers_without_redis_and_drops_a_revoked_key_at_once(
+        tenant, api_key, monkeypatch):
+    """Each API process keeps a key it authenticated in memory (no round trip); revoking
+    through the service reaches every process over pub/sub at once, long before the cache's
+    TTL (a minute here)."""
+    import redis as sync_redis
+
+    from tenants.auth import KeyAuthenticator
+
+    container = current_container()
+    authenticator = KeyAuthenticator(container.redis, container.key_prefix, 60.0, 0.0)
+    try:
+        await authenticator.authenticate(api_key)  # starts the invalidation listener too
+
+        async def live() -> bool:
+            return authenticator.live
+        await async_wait_until(live, 10.0, "the invalidation subscription")
+        await authenticator.authenticate(api_key)
+        # The Redis entry gone and the row revoked behind the cache's back: still served, so
+        # from this process's memory.
+        key = await ApiKey.objects.aget(tenant=tenant)
+        await ApiKey.objects.filter(pk=key.pk).aupdate(revoked_at=key.created_at)
+        await container.redis.delete(cache_key(container.key_prefix, hash_key(api_key)))
+        assert (await authenticator.authenticate(api_key)).api_key_id == key.pk
+        client = sync_redis.Redis.from_url(settings.REDIS_URL)
+        try:
+            await sync_to_async(revoke_api_key)(key, client, settings.REDIS_KEY_PREFIX)
+        finally:
+            client.close()
+
+        async def refused() -> bool:
+            return not await _authenticates(authenticator, api_key)
+        await async_wait_until(refused, 5.0, "the revocation reaching the process cache")
+    finally:
+        await authenticator.close()

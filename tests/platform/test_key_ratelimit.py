@@ -126,3 +126,20 @@ def test_every_cache_backend_of_a_process_shares_one_redis_pool():
     pools = {id(backend._cache._get_connection_pool(True)) for backend in backends}
     assert len(pools) == 1
     assert len(pool._connections) - created <= 1  # one connection, reused by all 20
+
+
+@pytest.mark.asyncio
+@pytest.mark.django_db(transaction=True)
+async def test_requests_refused_before_the_buckets_count_too(client, auth, ready_replica,
+                                                             settings):
+    """The count rides on the buckets' Lua call; a request refused before it (an unknown
+    model) is counted on its own, and over the rate its 429 comes first."""
+    settings.API_KEY_RATELIMIT = RATE
+    unknown = {**BODY, "model": "no-such-model"}
+    statuses = []
+    for body in (unknown, BODY, unknown):
+        response = await client.post("/v1/generate", data=json.dumps(body),
+                                     content_type="application/json", headers=auth)
+        statuses.append(response.status_code)
+    assert statuses == [404, 200, 429]
+    assert response.json()["error"]["code"] == "api_key_rate_exceeded"

@@ -82,21 +82,38 @@ async def test_router_excludes_tried_replicas(model_version):
 
 @pytestmark_db
 @pytest.mark.asyncio
-async def test_a_lone_replica_needs_no_serialised_decision(model_version):
-    """With one candidate there is nothing to choose: a request does not wait for another
-    request's decision (the per-version lock that keeps concurrent choices apart)."""
+async def test_decisions_are_not_serialised(model_version):
+    """No lock orders a process's decisions: a burst of decisions is in flight together (the
+    Redis server sees their snapshot reads before the first lease is written), and they
+    still spread by load across the replicas (each sees the ones decided before it)."""
     import asyncio
 
     from asgiref.sync import sync_to_async
 
-    r1 = await sync_to_async(register_replica)(model_version, "127.0.0.1:9001")
+    ids = {(await sync_to_async(register_replica)(model_version, f"127.0.0.1:{9001 + i}")).pk
+           for i in range(2)}
     router = current_container().router
-    lock = router._decisions.setdefault(model_version.pk, asyncio.Lock())
-    async with lock:  # another decision in progress, never finishing
-        lease = await asyncio.wait_for(
-            router.acquire(model_version.pk, "balanced", REQUEST), timeout=30)
-    assert lease.replica.replica_id == r1.pk
-    await lease.release()
+    started = asyncio.Event()
+    entered = []
+    real_snapshot = router.snapshot
+
+    async def counting_snapshot(*args, **kwargs):
+        entered.append(1)
+        if len(entered) == 8:
+            started.set()
+        await asyncio.wait_for(started.wait(), 30)  # all eight are deciding at once
+        return await real_snapshot(*args, **kwargs)
+
+    router.snapshot = counting_snapshot
+    try:
+        leases = await asyncio.gather(*(router.acquire(model_version.pk, "least_outstanding_tokens",
+                                                       REQUEST) for _ in range(8)))
+    finally:
+        del router.snapshot
+    chosen = [lease.replica.replica_id for lease in leases]
+    assert {rid: chosen.count(rid) for rid in ids} == {rid: 4 for rid in ids}
+    for lease in leases:
+        await lease.release()
 
 
 @pytest.mark.asyncio

@@ -81,6 +81,7 @@ class TritonPythonModel:
         self._control = ThreadPoolExecutor(max_workers=2, thread_name_prefix="control")
         self._loop = EngineLoop(self._engine, on_tick=self._on_tick, on_dead=self._on_dead)
         self._loop.start()
+        self._engine.on_failure(self._loop.inject_fault)  # a dead tensor-parallel worker kills the loop
         self._fault_trigger = None
         if parameters.fault_file:
             self._fault_trigger = FaultTrigger(parameters.fault_file, self._loop.inject_fault)
@@ -129,6 +130,7 @@ class TritonPythonModel:
         if self._fault_trigger is not None:
             self._fault_trigger.stop()
         self._loop.stop()
+        self._engine.close()  # tensor-parallel workers, if any
         self._control.shutdown(wait=False, cancel_futures=True)
         self._sender.shutdown(wait=True)  # flush the final responses the loop just produced
         self._metrics.close()  # metrics before their families, before the stub tears down

@@ -1,0 +1,114 @@
+"""`python -m llm_platform.web_processes [--host H] [--port P] [-- daphne options]`: the API as
+several daphne processes sharing one listening socket.
+
+The parent binds the socket (accept backlog 1024: Twisted's default of 50 reset connections
+when a few hundred clients arrived at once) and starts WEB_PROCESSES daphne processes (unset or
+empty: one per CPU this process may run on), each given the socket with `--fd`; the kernel
+hands each new connection to one of them. Each process has its own event loop and connection
+pools; everything the processes share (quotas, admission, routing, idempotency, usage) is in
+Redis already, so nothing else changes with their number.
+
+The parent forwards SIGTERM / SIGINT to every child, waits for them, and exits as soon as any
+child exits (with its status), stopping the others: the orchestrator (Kubernetes, compose,
+`make serve`) restarts the whole set rather than run with fewer processes than asked.
+Used by the web image's command (deploy/), `make serve` (scripts/serve.py) and the benchmarks.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+BACKLOG = 1024
+APPLICATION = "llm_platform.asgi:application"
+STOP_GRACE_SECONDS = 30.0
+
+
+def process_count() -> int:
+    """WEB_PROCESSES, else one per CPU this process may run on."""
+    value = os.environ.get("WEB_PROCESSES", "").strip()
+    if value:
+        count = int(value)
+        if count < 1:
+            raise ValueError(f"WEB_PROCESSES must be at least 1, not {value!r}")
+        return count
+    return len(os.sched_getaffinity(0))
+
+
+def listen(host: str, port: int, backlog: int = BACKLOG) -> socket.socket:
+    """The shared listening socket (port 0: any free port; read it with getsockname())."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(backlog)
+    sock.set_inheritable(True)
+    return sock
+
+
+def daphne_command(fd: int, daphne_args: list[str]) -> list[str]:
+    return [sys.executable, "-m", "daphne", "--fd", str(fd), *daphne_args, APPLICATION]
+
+
+def start(sock: socket.socket, count: int, daphne_args: list[str] = (), **popen) -> list[subprocess.Popen]:
+    """`count` daphne processes serving on `sock`; `popen`: more subprocess.Popen arguments
+    (env, cwd, stdout, start_new_session...)."""
+    fd = sock.fileno()
+    return [subprocess.Popen(daphne_command(fd, list(daphne_args)), pass_fds=(fd,), **popen)
+            for _ in range(count)]
+
+
+def stop(procs: list[subprocess.Popen], grace_s: float = STOP_GRACE_SECONDS) -> None:
+    """SIGTERM to all at once (each finishes its requests), SIGKILL after `grace_s`."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    for proc in procs:
+        try:
+            proc.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+class _Stop(Exception):
+    """SIGTERM or SIGINT: stop every API process."""
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--host", default="0.0.0.0")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("daphne_args", nargs=argparse.REMAINDER,
+                        help="passed to every daphne (after `--`), e.g. --proxy-headers")
+    args = parser.parse_args()
+    daphne_args = [a for a in args.daphne_args if a != "--"]
+    sock = listen(args.host, args.port)
+    procs = start(sock, process_count(), daphne_args)
+    sock.close()  # the children hold it
+
+    def on_signal(*_):
+        raise _Stop()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, on_signal)
+    print(f"{len(procs)} API processes on {args.host}:{args.port}: "
+          f"{' '.join(str(p.pid) for p in procs)}", flush=True)
+    try:
+        pid, wait_status = os.wait()  # until a child exits (or a signal stops us)
+        status = os.waitstatus_to_exitcode(wait_status) or 1
+        print(f"API process {pid} exited with {status}; stopping the others", file=sys.stderr,
+              flush=True)
+    except _Stop:
+        status = 0
+    stop(procs)
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

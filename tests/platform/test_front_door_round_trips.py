@@ -1,0 +1,95 @@
+"""The front door's cost in round trips, counted in the test (never in production code): every
+command or pipeline a Redis connection of this process sends while one request is served, and
+every SQL statement. A request that finds its key, tenant and model cached makes at most
+`BEFORE_ROUTING` Redis round trips before it is routed (the key's rate and both token buckets
+in one Lua call; the admission slot with the usage lease and the pending usage event in one
+pipeline) and no database query at all; streaming more tokens costs no more round trips."""
+from __future__ import annotations
+
+import contextvars
+import json
+
+import pytest
+from django.db.backends.utils import CursorWrapper
+from redis.asyncio.connection import AbstractConnection
+
+from inference.container import current_container
+
+pytestmark = [pytest.mark.asyncio, pytest.mark.django_db(transaction=True)]
+
+BEFORE_ROUTING = 2
+
+_log: contextvars.ContextVar[list | None] = contextvars.ContextVar("round_trips", default=None)
+
+
+class Counts:
+    def __init__(self):
+        self.redis: list[str] = []
+        self.sql: list[str] = []
+        self.at_routing: int | None = None
+
+
+@pytest.fixture
+def counted(monkeypatch):
+    """Count Redis sends and SQL statements made in the context `measure` sets (the request's
+    task and the tasks it starts; not other requests', not background loops started before)."""
+    real_send = AbstractConnection.send_packed_command
+    real_execute = CursorWrapper.execute
+
+    async def send(self, command, check_health=True):
+        counts = _log.get()
+        if counts is not None:
+            counts.redis.append(repr(command)[:120])
+        return await real_send(self, command, check_health)
+
+    def execute(self, sql, params=None):
+        counts = _log.get()
+        if counts is not None:
+            counts.sql.append(sql)
+        return real_execute(self, sql, params)
+
+    monkeypatch.setattr(AbstractConnection, "send_packed_command", send)
+    monkeypatch.setattr(CursorWrapper, "execute", execute)
+    return None
+
+
+async def measure(client, auth, body) -> Counts:
+    counts = Counts()
+    router = current_container().router
+    real_acquire = router.acquire
+
+    async def acquire(*args, **kwargs):
+        if counts.at_routing is None:
+            counts.at_routing = len(counts.redis)
+        return await real_acquire(*args, **kwargs)
+
+    router.acquire = acquire
+    token = _log.set(counts)
+    try:
+        response = await client.post("/v1/generate", data=json.dumps(body),
+                                     content_type="application/json", headers=auth)
+    finally:
+        _log.reset(token)
+        del router.acquire
+    assert response.status_code == 200, response.content
+    return counts
+
+
+def body(max_tokens: int) -> dict:
+    return {"model": "chat-small", "messages": [{"role": "user", "content": "Hi"}],
+            "max_tokens": max_tokens}
+
+
+async def test_a_cached_request_costs_few_round_trips_and_none_per_token(
+        client, auth, ready_replica, counted, settings):
+    # Deployment-like caches (the test settings turn them off); the container reads them when
+    # this test's event loop first builds it.
+    settings.API_KEY_CACHE_SECONDS = settings.QUOTA_LIMITS_CACHE_SECONDS = 30.0
+    settings.REGISTRY_CACHE_TTL_SECONDS = 30.0
+    await measure(client, auth, body(2))  # warm: key, limits, catalog, tokenizer, scripts
+    short = await measure(client, auth, body(2))
+    long = await measure(client, auth, body(24))
+    assert short.at_routing is not None and short.at_routing <= BEFORE_ROUTING, short.redis
+    assert long.at_routing == short.at_routing
+    assert len(long.redis) == len(short.redis), (short.redis, long.redis)  # none per token
+    assert short.sql == [] and long.sql == [], "\n".join(short.sql)  # none once cached
