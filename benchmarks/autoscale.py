@@ -31,7 +31,8 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.fleet_sim import ReplicaModel, percentile, simulate
+from benchmarks.fleet_sim import ReplicaModel, simulate
+from benchmarks.stream_client import percentile
 from fleet.scaling_decision import PolicyView
 from fleet.forecast import build_profile
 
@@ -152,11 +153,11 @@ def run_pair(model: ReplicaModel, args, peak_rps: float, day_s: float) -> dict:
                           profile=profile if predictive else None,
                           is_ramp=lambda t: is_ramp_hour(t / day_s * 24), tick_s=args.tick_s,
                           max_queue=args.max_queue, max_wait_s=args.max_wait_s, seed=args.seed)
-        p99 = percentile(result.ttft_ramp, 0.99)
+        ramp = result.ttft_ramp
         out[name] = {
-            "ttft_p99_ramp_s": None if p99 is None else round(p99, 3),
-            "ttft_p50_ramp_s": None if not result.ttft_ramp else round(percentile(result.ttft_ramp, 0.5), 3),
-            "ttft_p99_all_s": round(percentile(result.ttft_all, 0.99) or 0.0, 3),
+            "ttft_p99_ramp_s": round(percentile(ramp, 99), 3) if ramp else None,
+            "ttft_p50_ramp_s": round(percentile(ramp, 50), 3) if ramp else None,
+            "ttft_p99_all_s": round(percentile(result.ttft_all, 99), 3) if result.ttft_all else 0.0,
             "replica_minutes": round(result.replica_seconds / 60.0, 2),
             "refused": result.refused,
             "arrived": result.arrived,

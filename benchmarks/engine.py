@@ -64,8 +64,8 @@ def run_ours(engine: LLMEngine, workload) -> dict:
     start = time.perf_counter()
     while engine.has_unfinished_requests():
         produced += sum(len(o.new_token_ids) for o in engine.step())
-        print(f"\r  ours: {produced} tokens, {len(engine.core.scheduler.running)} running, "
-              f"{len(engine.core.scheduler.waiting)} waiting   ", end="", file=sys.stderr, flush=True)
+        print(f"\r  ours: {produced} tokens, {len(engine.scheduler.running)} running, "
+              f"{len(engine.scheduler.waiting)} waiting   ", end="", file=sys.stderr, flush=True)
     elapsed = time.perf_counter() - start
     print(file=sys.stderr)
     stats = engine.stats()
@@ -90,7 +90,7 @@ def start_decoding(engine: LLMEngine, batch: int, context_len: int, seed: int,
         # long enough that no sequence finishes while the others are still in prefill
         engine.add_request(request_id, prompt,
                            SamplingParams(max_tokens=10_000, temperature=0.0, ignore_eos=True))
-    sched = engine.core.scheduler
+    sched = engine.scheduler
     while sched.waiting or any(r.num_computed_tokens < r.num_prompt_tokens for r in sched.running):
         engine.step()
     engine.step()
@@ -105,7 +105,7 @@ def measure_full_batch(engine: LLMEngine, batch: int, context_len: int, steps: i
     both see the same load from other processes; their medians are what `roofline_fraction`
     compares."""
     ids = start_decoding(engine, batch, context_len, seed, "full")
-    assert len(engine.core.scheduler.running) == batch, \
+    assert len(engine.scheduler.running) == batch, \
         "the full-batch phase needs max_num_seqs sequences resident"
     step_s, roof_s, tokens = [], [], 0
     for _ in range(steps):

@@ -2,9 +2,8 @@
 
 One real SmolLM2 replica, two platform front ends on it (two daphne processes, each with its
 own Redis key prefix): `fair` (admission queue `fair_share` with headroom slots, the engine's
-per-tenant fair share, newcomer isolation and step interruption) and `unfair` (admission `fifo`
-without headroom, one fair-share unit for everybody in the engine, so nobody is ever a
-newcomer). Both tenants are in the same tier, so only fair share separates them. Each tenant's
+per-tenant fair share) and `unfair` (admission `fifo` without headroom, one fair-share unit for
+everybody in the engine). Both tenants are in the same tier, so only fair share separates them. Each tenant's
 client is a process of its own (they are different customers: B's time to first token must not
 include its client's event loop busy with A's burst).
 
@@ -26,7 +25,7 @@ tokens/s in phase 3 as a share of the capacity B left idle (`a_idle_share`: work
 conservation), and how many of each tenant's requests were refused (503) or failed.
 `a_overloads` says whether A alone asked for more than the replica served (A's requests
 refused or waiting); without that the burst measures nothing. Fairness off runs
-`--baseline-rounds` (2) rounds: its slowdown is tens of times, fewer samples show it. The
+`--baseline-rounds` (2) rounds: its slowdown is tens of times, fewer samples show it; 0 skips it. The
 replica runs with `--replica-threads` torch threads, 1 by default as the node agent launches
 replicas (NODE_REPLICA_THREADS): on 2 cores the other core serves daphne and the clients.
 """
@@ -50,6 +49,7 @@ from dataclasses import dataclass
 import httpx
 
 from benchmarks.fleet import REPO, _start, _wait, start_fleet
+from benchmarks.stream_client import percentile
 from scripts.services import free_port
 
 SUBJECTS = ["a lighthouse", "a fox", "the moon", "a robot", "a river", "an old clock"]
@@ -74,14 +74,6 @@ class Sample:
     ttft_s: float
     output_tokens: int
     error_code: str = ""
-
-
-def percentile(values: list[float], q: float) -> float:
-    """Nearest rank: the smallest value with at least q % of the values at or below it."""
-    ordered = sorted(values)
-    if not ordered:
-        return float("nan")
-    return ordered[min(len(ordered) - 1, max(0, math.ceil(q / 100 * len(ordered)) - 1))]
 
 
 async def one_request(http: httpx.AsyncClient, base_url: str, tenant: str, key: str,
@@ -335,6 +327,8 @@ def run(args) -> dict:
         dtype = replica_dtype(fleet.metrics_address)
         capacity_rps = calibrate(fleet.base_url, keys, args)
         fair = measure(fleet.base_url, keys, args, "fair", args.rounds)
+        if not args.baseline_rounds:
+            return _result(args, capacity_rps, dtype, {"fair": fair})
         # One front end at a time: the first one's PostgreSQL connections must not starve the
         # second (under load each in-flight request holds one, and PostgreSQL allows ~100).
         daphne = fleet.procs.pop()
@@ -353,14 +347,20 @@ def run(args) -> dict:
                                     args.baseline_rounds)}
     finally:
         fleet.stop()
+    return _result(args, capacity_rps, dtype, result)
+
+
+def _result(args, capacity_rps: float | None, dtype: str, result: dict) -> dict:
+    """The JSON of a run; `result` has "fair" and, unless `--baseline-rounds 0`, "unfair"."""
+    fair, unfair = result["fair"], result.get("unfair", {})
     return {
-        "victim_slowdown": result["fair"]["victim_slowdown"],
-        "victim_slowdown_fairness_off": result["unfair"]["victim_slowdown"],
-        "victim_p50_slowdown": result["fair"]["victim_p50_slowdown"],
-        "victim_p50_slowdown_fairness_off": result["unfair"]["victim_p50_slowdown"],
-        "a_idle_share": result["fair"]["a_idle_share"],
-        "a_idle_share_fairness_off": result["unfair"]["a_idle_share"],
-        "a_overloads": result["fair"]["a_overloads"] and result["unfair"]["a_overloads"],
+        "victim_slowdown": fair["victim_slowdown"],
+        "victim_slowdown_fairness_off": unfair.get("victim_slowdown"),
+        "victim_p50_slowdown": fair["victim_p50_slowdown"],
+        "victim_p50_slowdown_fairness_off": unfair.get("victim_p50_slowdown"),
+        "a_idle_share": fair["a_idle_share"],
+        "a_idle_share_fairness_off": unfair.get("a_idle_share"),
+        "a_overloads": fair["a_overloads"] and unfair.get("a_overloads", True),
         "targets": {"victim_slowdown": "<= 1.5"},
         "settings": {"capacity_requests_per_s": capacity_rps,
                      "b_rate_per_s": args.b_rate, "a_rate_per_s": args.a_rate,
@@ -370,7 +370,7 @@ def run(args) -> dict:
                      "replica_dtype": dtype, "cpu": cpu_model(),
                      "max_tokens": args.max_tokens, "replica_threads": args.replica_threads,
                      "slots_per_replica": args.slots, "headroom_slots": args.headroom,
-                     "cpu_count": os.cpu_count()},
+                     "cpu_count": os.cpu_count(), "load_average_at_end": os.getloadavg()},
         **result,
     }
 
@@ -412,7 +412,7 @@ def main() -> None:
                 "victim_p50_slowdown_fairness_off", "a_idle_share", "a_idle_share_fairness_off",
                 "a_overloads"):
         print(f"{key:30s} {result[key]}")
-    print(json.dumps({k: result[k] for k in ("fair", "unfair")}, indent=1))
+    print(json.dumps({k: result[k] for k in ("fair", "unfair") if k in result}, indent=1))
     if args.out:
         with open(args.out, "w") as fh:
             json.dump(result, fh, indent=2)

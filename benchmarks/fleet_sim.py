@@ -20,6 +20,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 
+from benchmarks.stream_client import percentile
 from fleet.scaling_decision import History, PolicyView, LoadReadings, decide
 from fleet.forecast import TimeOfDayProfile
 
@@ -58,13 +59,6 @@ class Result:
     replica_seconds: float = 0.0
     decisions: list[tuple[float, str, int, str]] = field(default_factory=list)
     timeline: list[tuple[float, int, int]] = field(default_factory=list)  # (t, ready, loading)
-
-
-def percentile(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
 
 
 def simulate(*, rate: Callable[[float], float], day_s: float, model: ReplicaModel,
@@ -165,7 +159,7 @@ def simulate(*, rate: Callable[[float], float], day_s: float, model: ReplicaMode
                 finished.popleft()
             ready = [r for r in replicas.values() if r.state == "ready"]
             loading = [r for r in replicas.values() if r.state == "loading"]
-            ttft_p90 = percentile([f[1] for f in finished], 0.9)
+            ttft_p90 = percentile([f[1] for f in finished], 90) if finished else None
             recent_arrivals.append(arrivals_since_tick)
             forecast = None
             if policy.predictive and profile is not None:

@@ -113,7 +113,7 @@ def quality_probe(engine: LLMEngine, prompts, reference: dict | None, max_tokens
             common += 1
         prefix += common / max(len(theirs), 1)
         # teacher-forced on the reference answer: the logits that predict each answer token
-        logits = answer_logits(engine.core.runner.model, prompt, theirs)
+        logits = answer_logits(engine.runner.model, prompt, theirs)
         diffs.append((logits - logits_ref).abs().mean().item())
         top1 += (logits.argmax(-1) == logits_ref.argmax(-1)).sum().item()
         counted += len(theirs)
@@ -128,7 +128,7 @@ def quality_probe(engine: LLMEngine, prompts, reference: dict | None, max_tokens
 
 
 def reference_logits(engine: LLMEngine, prompts, answers) -> list[torch.Tensor]:
-    return [answer_logits(engine.core.runner.model, p, a) for p, a in zip(prompts, answers)]
+    return [answer_logits(engine.runner.model, p, a) for p, a in zip(prompts, answers)]
 
 
 def _best_time(fn, calls: int = 30, budget_s: float = 1.0) -> float:
@@ -194,7 +194,7 @@ def compare(ckpt, prompts, dtype: str, args) -> dict:
     for name, quantization in (("float", "none"), ("int8", "int8")):
         engine = make_engine(ckpt, dtype, quantization, max(args.batch, 1))
         row: dict = {"quantization": quantization, "dtype": dtype,
-                     "weight_bytes": weight_bytes(engine.core.runner.model)}
+                     "weight_bytes": weight_bytes(engine.runner.model)}
         print(f"{dtype} {name}: weights {row['weight_bytes'] / 2**20:.1f} MiB", file=sys.stderr)
         row["decode_batch1"] = decode_tokens_per_s(engine, 1, args.context, args.decode_steps * 2, args.seed)
         row["decode_batch"] = decode_tokens_per_s(engine, args.batch, args.context, args.decode_steps, args.seed)

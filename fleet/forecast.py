@@ -54,10 +54,6 @@ class TimeOfDayProfile:
         rates.append(self.rate_at(end) or 0.0)
         return max(rates)
 
-    @property
-    def is_empty(self) -> bool:
-        return not any(self._counts)
-
 
 def build_profile(samples: list[tuple[float, float, float]], period_s: float,
                   bin_s: float) -> TimeOfDayProfile:

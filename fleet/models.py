@@ -64,7 +64,3 @@ class RateSample(models.Model):
     class Meta:
         db_table = "models_registry_ratesample"
         ordering = ["at"]
-
-    @property
-    def rate_rps(self) -> float:
-        return self.num_requests / self.window_s if self.window_s > 0 else 0.0

@@ -44,6 +44,7 @@ from fleet.gpus import Gpu, discover as discover_gpus
 from fleet.lifecycle import transition
 from models_registry.models import Replica
 from fleet.nodes import heartbeat, register_node
+from replica.weights_cache import cache_dir as weights_cache_dir, cached_path, check_remote
 from replica.weights_cache import fetch as fetch_weights, is_remote
 from replica.access import LOOPBACK, TOKEN_ENV, is_loopback
 
@@ -197,22 +198,9 @@ def _die_with_parent() -> None:
 
 async def _warm_up(grpc_address: str, model_name: str, access_token: str) -> None:
     """One short generation through the platform's own client: the replica answers for real."""
-    from inference.replica_client import ReplicaRequest  # noqa: PLC0415
-    from inference.triton_client import TritonReplicaClient  # noqa: PLC0415
+    from inference.triton_client import warm_up  # noqa: PLC0415
 
-    client = TritonReplicaClient(first_token_timeout=120.0, token_timeout=60.0,
-                                 access_token=access_token)
-    try:
-        request = ReplicaRequest(request_id=f"warmup-{os.getpid()}-{time.monotonic_ns()}",
-                                 model_name=model_name, prompt_text="Hello", prompt_token_ids=None,
-                                 max_tokens=2, temperature=0.0, top_p=1.0, seed=0, stop=(),
-                                 priority=0, tenant="warmup")
-        async for chunk in client.stream(grpc_address, request):
-            if chunk.final:
-                return
-        raise RuntimeError("warm-up stream ended without a final response")
-    finally:
-        await client.close()
+    await warm_up(grpc_address, model_name, access_token)
 
 
 class NodeAgent:
@@ -225,6 +213,7 @@ class NodeAgent:
         self._warm_up = warm_up or (lambda address, model: asyncio.run(
             _warm_up(address, model, config.access_token)))
         self._children: dict[int, Child] = {}
+        self._downloading: set[int] = set()  # replicas whose https weights are downloading
         self._lock = threading.Lock()
         self._stopped = threading.Event()
         self._heartbeat_thread = threading.Thread(target=self._heartbeat_loop, name="agent-heartbeat",
@@ -277,25 +266,63 @@ class NodeAgent:
     # ---- replicas -----------------------------------------------------------------------------
 
     def start_replica(self, replica_id: int) -> bool:
+        """Launch a loading replica of this node. Weights over https that are not cached yet are
+        downloaded on a thread of their own (the replica stays loading; the launch follows), so
+        this task's thread is free for the next start or stop at once."""
         replica = Replica.objects.select_related("model_version__model").filter(
             pk=replica_id, node__name=self.config.name).first()
         if replica is None or replica.state != Replica.State.LOADING:
             logger.info("replica %s: not loading on %s; nothing to start", replica_id, self.config.name)
             return False
         with self._lock:
-            if replica_id in self._children:
+            if replica_id in self._children or replica_id in self._downloading:
                 return False
         from inference.tokenization import resolve_weights  # noqa: PLC0415
 
         version = replica.model_version
         try:
             if is_remote(version.weights_uri):  # once per node, verified (replica/weights_cache.py)
-                weights = str(fetch_weights(version.weights_uri, version.weights_sha256))
+                check_remote(version.weights_uri, version.weights_sha256)
+                cached = cached_path(version.weights_uri, version.weights_sha256, weights_cache_dir())
+                if not cached.is_file():
+                    with self._lock:
+                        self._downloading.add(replica_id)
+                    threading.Thread(target=self._download_then_launch, args=(replica,), daemon=True,
+                                     name=f"replica-{replica_id}-weights").start()
+                    return True
+                weights = str(cached)
             else:
                 weights = str(resolve_weights(version.weights_uri))
         except (OSError, ValueError) as exc:
             transition(replica_id, Replica.State.FAILED, f"weights unavailable: {exc}"[:300], self._now())
             return False
+        return self._launch(replica, weights)
+
+    def _download_then_launch(self, replica: Replica) -> None:
+        replica_id, version = replica.pk, replica.model_version
+        try:
+            logger.info("replica %s: downloading %s", replica_id, version.weights_uri)
+            try:
+                weights = str(fetch_weights(version.weights_uri, version.weights_sha256))
+            except (OSError, ValueError) as exc:
+                transition(replica_id, Replica.State.FAILED, f"weights unavailable: {exc}"[:300], self._now())
+                return
+            state = Replica.objects.filter(pk=replica_id).values_list("state", flat=True).first()
+            if state != Replica.State.LOADING or self._stopped.is_set():  # stopped while downloading
+                transition(replica_id, Replica.State.STOPPED, "stopped while its weights downloaded",
+                           self._now(), only_from=(Replica.State.DRAINING, Replica.State.FAILED))
+                return
+            self._launch(replica, weights)
+        except Exception as exc:  # noqa: BLE001 - the replica must not stay loading forever
+            logger.exception("replica %s: start after download failed", replica_id)
+            transition(replica_id, Replica.State.FAILED, f"start failed: {exc}"[:300], self._now())
+        finally:
+            with self._lock:
+                self._downloading.discard(replica_id)
+            connection.close()
+
+    def _launch(self, replica: Replica, weights: str) -> bool:
+        replica_id, version = replica.pk, replica.model_version
         try:
             with self._lock:
                 taken = {port for c in self._children.values() for port in c.ports}

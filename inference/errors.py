@@ -11,8 +11,6 @@ status and body are the contract. docs/api-errors.md lists every code.
 """
 from __future__ import annotations
 
-import json
-
 from django.http import JsonResponse
 
 from inference.observability.request_ids import current_request_id
@@ -48,9 +46,6 @@ class ApiError(Exception):
         for name, value in self.headers.items():
             response[name] = value
         return response
-
-    def to_json(self) -> str:
-        return json.dumps(self.body())
 
 
 class InvalidRequest(ApiError):

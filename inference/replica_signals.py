@@ -23,28 +23,23 @@ from typing import Callable, Iterator, Sequence
 
 import httpx
 
-from replica.backend.engine_metrics import COUNTERS as ENGINE_COUNTERS
-from replica.backend.engine_metrics import GAUGES as ENGINE_GAUGES
+from replica import metric_names
 from common import redis_keys
 
 logger = logging.getLogger(__name__)
 
-# The replica defines its metric names (replica/backend/engine_metrics.py); this maps the engine
-# statistic each one exports to the field of ReplicaSignals that holds it.
-_FIELD_OF_STAT = {
-    "num_running": "running_seqs",
-    "num_waiting": "waiting_seqs",
-    "num_free_blocks": "kv_free_blocks",
-    "num_total_blocks": "kv_total_blocks",
-    "prefix_hit_tokens": "prefix_hit_tokens",
-    "prompt_tokens": "prompt_tokens",
-    "generated_tokens": "generated_tokens",
-    "num_preemptions": "preemptions",
+# The replica's metric names are defined once (replica/metric_names.py). Metric name on the
+# replica's port -> the field of ReplicaSignals that holds it.
+_FIELD_OF_METRIC = {
+    metric_names.RUNNING_SEQS: "running_seqs",
+    metric_names.WAITING_SEQS: "waiting_seqs",
+    metric_names.KV_FREE_BLOCKS: "kv_free_blocks",
+    metric_names.KV_TOTAL_BLOCKS: "kv_total_blocks",
+    metric_names.PREFIX_CACHE_HIT_TOKENS: "prefix_hit_tokens",
+    metric_names.PROMPT_TOKENS: "prompt_tokens",
+    metric_names.GENERATED_TOKENS: "generated_tokens",
+    metric_names.PREEMPTIONS: "preemptions",
 }
-# Metric name on the replica's port -> field of ReplicaSignals.
-GAUGES = {name: _FIELD_OF_STAT[stat]
-          for name, (stat, _help) in {**ENGINE_GAUGES, **ENGINE_COUNTERS}.items()
-          if stat in _FIELD_OF_STAT}
 _LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{[^}]*\})?\s+(\S+)", re.M)
 
 
@@ -64,7 +59,7 @@ def parse_metrics(text: str) -> ReplicaSignals:
     """The replica's gauges and counters from Prometheus text (summed over label sets)."""
     values: dict[str, float] = {}
     for name, value in _LINE.findall(text):
-        field = GAUGES.get(name)
+        field = _FIELD_OF_METRIC.get(name)
         if field is not None:
             try:
                 values[field] = values.get(field, 0.0) + float(value)
@@ -73,7 +68,7 @@ def parse_metrics(text: str) -> ReplicaSignals:
     return ReplicaSignals(**{k: int(v) for k, v in values.items()})
 
 
-_INFO = re.compile(r"^replica_engine_info\{([^}]*)\}", re.M)
+_INFO = re.compile(rf"^{metric_names.ENGINE_INFO}\{{([^}}]*)\}}", re.M)
 _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import time
 from typing import AsyncIterator
 
 import grpc
@@ -212,3 +214,22 @@ class TritonReplicaClient:
         clients, self._clients = self._clients, {}
         for client in clients.values():
             await client.close()
+
+
+async def warm_up(grpc_address: str, model_name: str, access_token: str) -> ReplicaChunk:
+    """One short generation ("Hello", 2 tokens, greedy) through this client, so the replica
+    answers for real: the node agent runs it before it marks a replica ready, the chaos
+    benchmark after each start. Returns the final chunk (the tokens the replica computed)."""
+    client = TritonReplicaClient(first_token_timeout=120.0, token_timeout=60.0,
+                                 access_token=access_token)
+    try:
+        request = ReplicaRequest(request_id=f"warmup-{os.getpid()}-{time.monotonic_ns()}",
+                                 model_name=model_name, prompt_text="Hello", prompt_token_ids=None,
+                                 max_tokens=2, temperature=0.0, top_p=1.0, seed=0, stop=(),
+                                 priority=0, tenant="warmup")
+        async for chunk in client.stream(grpc_address, request):
+            if chunk.final:
+                return chunk
+        raise RuntimeError("warm-up stream ended without a final response")
+    finally:
+        await client.close()

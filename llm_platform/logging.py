@@ -16,9 +16,6 @@ import sys
 
 import structlog
 
-# Bound per request (contextvars: each asyncio task has its own copy).
-CONTEXT_KEYS = ("request_id", "tenant_id", "model")
-
 _SHARED = [
     structlog.contextvars.merge_contextvars,
     structlog.stdlib.add_log_level,

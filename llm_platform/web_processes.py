@@ -50,6 +50,12 @@ def listen(host: str, port: int, backlog: int = BACKLOG) -> socket.socket:
     return sock
 
 
+def single_endpoint(host: str, port: int) -> str:
+    """`daphne -e` endpoint of one daphne that binds its own socket (the e2e tests, the chaos
+    benchmark), with the same accept backlog as the shared socket."""
+    return f"tcp:port={port}:interface={host}:backlog={BACKLOG}"
+
+
 def daphne_command(fd: int, daphne_args: list[str]) -> list[str]:
     return [sys.executable, "-m", "daphne", "--fd", str(fd), *daphne_args, APPLICATION]
 

@@ -28,7 +28,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -36,6 +35,7 @@ import httpx
 
 from benchmarks.chaos.postgres import PostgresServer
 from benchmarks.chaos.process import REPO, Managed, StackError, http_ok, wait_for
+from llm_platform.web_processes import APPLICATION, single_endpoint
 from replica.access import TOKEN_ENV, access_token
 from scripts.services import free_ports, port_answers
 
@@ -220,9 +220,8 @@ class Stack:
         """daphne; returns seconds until /healthz answers."""
         if self.api is None:
             (self.api_port,) = free_ports(1)
-            argv = [sys.executable, "-m", "daphne", "-e",
-                    f"tcp:port={self.api_port}:interface=127.0.0.1:backlog=1024",
-                    "llm_platform.asgi:application"]
+            argv = [sys.executable, "-m", "daphne", "-e", single_endpoint("127.0.0.1", self.api_port),
+                    APPLICATION]
             self.api = Managed("daphne", argv, self.env, self.log_dir / "daphne.log")
         self.api.start()
         return wait_for(lambda: http_ok(self.base_url + "/healthz"), "daphne /healthz", 120,
@@ -293,26 +292,14 @@ class Stack:
 
 
 async def warm_up(grpc_address: str, token: str) -> dict:
-    """The node agent's warm-up (fleet/node_agent.py `_warm_up`: one 2-token
-    generation of "Hello" through the platform's Triton client); returns the tokens the replica
-    computed for it, from its final chunk."""
-    from inference.replica_client import ReplicaRequest
-    from inference.triton_client import TritonReplicaClient
+    """The node agent's warm-up (`inference.triton_client.warm_up`: one 2-token generation of
+    "Hello" through the platform's Triton client); returns the tokens the replica computed for
+    it, from its final chunk."""
+    from inference.triton_client import warm_up as warm_up_replica
 
-    client = TritonReplicaClient(first_token_timeout=120.0, token_timeout=60.0,
-                                 access_token=token)
-    try:
-        request = ReplicaRequest(request_id=f"warmup-{os.getpid()}-{time.monotonic_ns()}",
-                                 model_name=MODEL, prompt_text="Hello", prompt_token_ids=None,
-                                 max_tokens=2, temperature=0.0, top_p=1.0, seed=0, stop=(),
-                                 priority=0, tenant="warmup")
-        async for chunk in client.stream(grpc_address, request):
-            if chunk.final:
-                return {"prompt_tokens": chunk.num_input_tokens - chunk.num_cached_tokens,
-                        "generated_tokens": chunk.num_output_tokens}
-        raise StackError("warm-up stream ended without a final response")
-    finally:
-        await client.close()
+    chunk = await warm_up_replica(grpc_address, MODEL, token)
+    return {"prompt_tokens": chunk.num_input_tokens - chunk.num_cached_tokens,
+            "generated_tokens": chunk.num_output_tokens}
 
 
 def _quietly(fn, *args) -> None:

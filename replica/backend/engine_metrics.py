@@ -1,19 +1,9 @@
 """EngineMetrics: the engine's gauges and counters on Triton's metrics port.
 
-Triton's own `nv_inference_*` metrics do not see streaming work, so the router and autoscaler read
-these instead. Names (labels: model, version):
-
-  replica_running_seqs, replica_waiting_seqs            gauges
-  replica_kv_free_blocks, replica_kv_total_blocks       gauges
-  replica_prefix_cache_hit_tokens_total                 counter
-  replica_prompt_tokens_total                           counter
-  replica_generated_tokens_total                        counter
-  replica_preemptions_total                             counter
-  replica_interrupted_steps_total                       counter
-  replica_engine_info                                   gauge, always 1; labels also dtype and
-                                                        quantization: what the engine runs
-  replica_engine_alive                                  gauge: 1 while the engine loop runs, 0
-                                                        once it died (the replica serves nothing)
+The names, what each exports and its help are defined once in `replica/metric_names.py` (the
+platform reads them from there too): gauges and counters of the engine's statistics, plus
+`replica_engine_info` (always 1; labels also dtype and quantization: what the engine runs) and
+`replica_engine_alive` (1 while the engine loop runs, 0 once it died).
 
 Invariants: every MetricFamily stays referenced for the model's lifetime (a collected family breaks
 its metrics); `close()` deletes the metrics before their families (else the stub may crash on exit).
@@ -22,39 +12,20 @@ from __future__ import annotations
 
 from typing import Any
 
-# metric name -> (EngineStats attribute, kind, help)
-GAUGES = {
-    "replica_running_seqs": ("num_running", "Sequences in the running batch"),
-    "replica_waiting_seqs": ("num_waiting", "Sequences waiting to be scheduled"),
-    "replica_kv_free_blocks": ("num_free_blocks", "Free KV cache blocks"),
-    "replica_kv_total_blocks": ("num_total_blocks", "Total KV cache blocks"),
-}
-COUNTERS = {
-    "replica_prefix_cache_hit_tokens_total": ("prefix_hit_tokens", "Prompt tokens served from the prefix cache"),
-    "replica_prompt_tokens_total": ("prompt_tokens",
-                                    "Prompt tokens prefilled (prefix-cache hits included, "
-                                    "recompute not counted again): what requests are billed"),
-    "replica_generated_tokens_total": ("generated_tokens", "Tokens generated"),
-    "replica_preemptions_total": ("num_preemptions", "Sequences preempted (recompute)"),
-    "replica_interrupted_steps_total": ("num_interrupted_steps",
-                                        "Steps cut short for a lighter tenant's newcomer"),
-}
-
-INFO = "replica_engine_info"
-ALIVE = "replica_engine_alive"
+from replica.metric_names import COUNTERS, ENGINE_ALIVE, ENGINE_INFO, GAUGES
 
 
 class EngineMetrics:
     def __init__(self, pb_utils: Any, labels: dict[str, str], info: dict[str, str]) -> None:
         family = pb_utils.MetricFamily
         self._families: dict[str, Any] = {}
-        self._families[INFO] = family(name=INFO, description="What the engine runs (labels); always 1",
-                                      kind=family.GAUGE)
-        self._info = self._families[INFO].Metric(labels={**labels, **info})
+        self._families[ENGINE_INFO] = family(name=ENGINE_INFO, kind=family.GAUGE,
+                                             description="What the engine runs (labels); always 1")
+        self._info = self._families[ENGINE_INFO].Metric(labels={**labels, **info})
         self._info.set(1.0)
-        self._families[ALIVE] = family(name=ALIVE, description="1 while the engine loop runs, 0 once it died",
-                                       kind=family.GAUGE)
-        self._alive = self._families[ALIVE].Metric(labels=labels)
+        self._families[ENGINE_ALIVE] = family(
+            name=ENGINE_ALIVE, kind=family.GAUGE, description="1 while the engine loop runs, 0 once it died")
+        self._alive = self._families[ENGINE_ALIVE].Metric(labels=labels)
         self._alive.set(1.0)
         self._gauges: dict[str, Any] = {}  # stats attribute -> metric
         self._counters: dict[str, Any] = {}

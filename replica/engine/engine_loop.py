@@ -6,16 +6,14 @@ Invariants:
 - Every submitted request gets exactly one final `RequestOutput` (finished=True) through its
   `on_output`: a normal finish, an abort (client cancel, drain deadline, stop), or an error output
   (`error` and `error_kind` set) when the engine refused it later (INVALID_INPUT), failed it alone
-  (INTERNAL, engine_core.py) or the loop thread died (ENGINE_DEAD).
+  (INTERNAL, llm_engine.py) or the loop thread died (ENGINE_DEAD).
 - The loop dies only on what escapes `engine.step()` and the loop's own bookkeeping (EngineFault,
   a bug); then every open request gets an ENGINE_DEAD error, `submit` raises EngineDeadError
   from then on, and `on_dead` (if given) is called once with the exception, on the dying thread.
 - Callbacks run on the loop thread and must be quick; one that raises aborts its own request and
   nobody else's.
 - The thread sleeps on a condition while the engine has nothing to do (no busy spin).
-- Step interruption: `submit` flags an arrival; between two layers of a step the model asks
-  `_interrupt` (on the loop thread), which says yes once per arrival when the engine would start
-  a queued request in an isolated step (a lighter tenant's newcomer, scheduler.py).
+- The loop depends on the `Engine` protocol only (LLMEngine is one; the tests drive others).
 """
 from __future__ import annotations
 
@@ -24,10 +22,31 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Protocol, runtime_checkable
 
 from replica.engine.request import ErrorKind, FinishReason, RequestOutput
 from replica.engine.sampling_params import InvalidRequestError, SamplingParams
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """What EngineLoop drives (replica/engine/llm_engine.py's LLMEngine). All calls come from
+    the loop thread, except `check_prompt`, which reads only what never changes."""
+
+    def check_prompt(self, prompt_token_ids: list[int]) -> None:
+        """Raise InvalidRequestError for a prompt the engine would refuse."""
+
+    def add_request(self, request_id: str, prompt_token_ids: list[int], sampling_params: SamplingParams, *,
+                    priority: int = 0, tenant: str = "", cache_salt: str = "") -> None: ...
+
+    def abort_request(self, request_id: str) -> RequestOutput | None: ...
+
+    def step(self) -> list[RequestOutput]: ...
+
+    def has_unfinished_requests(self) -> bool: ...
+
+    def stats(self) -> Any: ...
+
 
 OutputCallback = Callable[[RequestOutput], None]
 TickCallback = Callable[[Any], None]  # receives engine.stats()
@@ -94,7 +113,7 @@ class EngineLoop:
 
     def __init__(
         self,
-        engine: Any,
+        engine: Engine,
         *,
         on_tick: TickCallback | None = None,
         on_dead: DeadCallback | None = None,
@@ -104,7 +123,6 @@ class EngineLoop:
         thread_name: str = "engine-loop",
     ) -> None:
         self._engine = engine
-        self._max_model_len = int(engine.max_model_len)
         self._on_tick = on_tick
         self._on_dead = on_dead
         self._tick_interval_s = tick_interval_s
@@ -120,7 +138,6 @@ class EngineLoop:
         self._drain_deadline: float | None = None
         self._stop_requested = False
         self._error: BaseException | None = None
-        self._arrived = False  # an _Add came since the last interrupt check (read lock-free)
         # Written by the loop thread only: where its time goes (engine steps vs. our callbacks).
         self.timing = LoopTiming()
 
@@ -158,7 +175,6 @@ class EngineLoop:
             self._commands.append(
                 _Add(request_id, list(prompt_token_ids), params, int(priority), tenant, cache_salt)
             )
-            self._arrived = True
             self._cond.notify()
 
     def abort(self, request_id: str) -> None:
@@ -216,11 +232,6 @@ class EngineLoop:
             return self._state == _DEAD
 
     @property
-    def error(self) -> BaseException | None:
-        with self._cond:
-            return self._error
-
-    @property
     def num_open(self) -> int:
         with self._cond:
             return len(self._open)
@@ -232,13 +243,7 @@ class EngineLoop:
             raise InvalidRequestError("request id must be a non-empty string")
         if not isinstance(params, SamplingParams):
             raise InvalidRequestError("sampling parameters must be a SamplingParams")
-        if len(prompt_token_ids) == 0:
-            raise InvalidRequestError("the prompt is empty")
-        if len(prompt_token_ids) >= self._max_model_len:
-            raise InvalidRequestError(
-                f"the prompt has {len(prompt_token_ids)} tokens; the context window is "
-                f"{self._max_model_len} tokens (prompt and output together)"
-            )
+        self._engine.check_prompt(prompt_token_ids)  # the engine's one prompt check, refused now
 
     def _unavailable_reason(self) -> str:
         if self._state == _DRAINING:
@@ -272,7 +277,7 @@ class EngineLoop:
                     break
                 if self._engine.has_unfinished_requests():
                     started = time.perf_counter()
-                    outputs = self._engine.step(self._interrupt)
+                    outputs = self._engine.step()
                     stepped = time.perf_counter()
                     self._deliver(outputs)
                     self.timing.record(stepped - started, time.perf_counter() - stepped, len(outputs))
@@ -287,16 +292,6 @@ class EngineLoop:
         with self._cond:
             self._state = _STOPPED
             self._cond.notify_all()
-
-    def _interrupt(self) -> bool:
-        """Asked by the model between layers of a step that may be cut short: has a request
-        arrived that the engine would start in an isolated step (a lighter tenant's newcomer)?"""
-        if not self._arrived:
-            return False
-        with self._cond:
-            self._arrived = False
-            adds = [c for c in self._commands if isinstance(c, _Add)]
-        return any(self._engine.would_isolate(c.tenant, c.priority) for c in adds)
 
     def _drain_due(self) -> bool:
         return (

@@ -1,30 +1,63 @@
-"""LLMEngine: builds the engine from an EngineConfig and is the one object callers drive.
+"""LLMEngine: the engine. Built from an EngineConfig (model, KV pool, scheduler, runner); its
+`step()` is one way: `Scheduler.schedule()` -> `ModelRunner.execute()` -> `Scheduler.update()`,
+then the new tokens are detokenised into RequestOutput deltas. Nothing calls back up: the
+runner runs the step it is given, whole, and the scheduler alone decides what a step holds.
 
-Not thread-safe: one thread owns it (the Triton model's engine loop, or a benchmark)."""
+Not thread-safe: one thread owns it (the Triton model's EngineLoop, or a benchmark).
+
+Fault isolation (no request can kill the engine):
+- a request whose row cannot be sampled, or whose text cannot be decoded, finishes alone with
+  an INTERNAL error output; the step and the other requests go on;
+- a step whose model run raises fails the requests it scheduled (INTERNAL error outputs) and
+  leaves the others and the engine's state intact: nothing of that step was counted, and only
+  computed blocks ever enter the prefix cache (scheduler.update);
+- `max_failed_steps` failed steps in a row are no longer one request's doing (a broken device,
+  say): `step` raises EngineFault and the engine is dead.
+"""
 from __future__ import annotations
 
+import logging
 import time
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
 
 from replica.engine.config import INT4, EngineConfig, ModelConfig
+from replica.engine.detokenizer import IncrementalDetokenizer
 from replica.engine.dtype import dtype_name, resolve_dtype
-from replica.engine.engine_core import EngineCore, EngineStats
 from replica.engine.kv.manager import KVCacheManager
 from replica.engine.models.llama import LlamaForCausalLM, rope_inv_freq
 from replica.engine.models.quantization import normalize_quantization, quantize_model
-from replica.engine.request import RequestOutput
+from replica.engine.request import ErrorKind, FinishReason, Request, RequestOutput
 from replica.engine.runner.model_runner import ModelRunner, kv_bytes_per_block
-from replica.engine.sampling_params import SamplingParams
-from replica.engine.scheduler import Scheduler
+from replica.engine.sampling_params import InvalidRequestError, SamplingParams
+from replica.engine.scheduler import Scheduler, SchedulerOutput
 
-__all__ = ["LLMEngine", "EngineStats"]
+_log = logging.getLogger(__name__)
+
+
+class EngineFault(RuntimeError):
+    """The engine cannot go on (steps keep failing whatever they hold): the loop dies on it."""
+
+
+@dataclass
+class EngineStats:
+    num_running: int
+    num_waiting: int
+    num_free_blocks: int
+    num_total_blocks: int
+    prefix_hit_tokens: int  # cumulative
+    # cumulative: prompt tokens prefilled, prefix-cache hits included, a recompute after
+    # preemption not counted again; equals the sum of what the requests are billed as input
+    prompt_tokens: int
+    generated_tokens: int  # cumulative
+    num_preemptions: int  # cumulative
 
 
 class LLMEngine:
     def __init__(self, config: EngineConfig, model_config: ModelConfig, model: LlamaForCausalLM, tokenizer,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, max_failed_steps: int = 3) -> None:
         self.config = config
         self.model_config = model_config
         self.tokenizer = tokenizer
@@ -40,10 +73,16 @@ class LLMEngine:
         self.max_model_len = min(config.max_model_len or model_config.max_position_embeddings,
                                  model_config.max_position_embeddings)
         kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching)
-        scheduler = Scheduler(kv, config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len)
-        runner = ModelRunner(model, num_blocks, config.block_size, dtype, device)
-        eos = tuple(model_config.eos_token_ids) or tuple(tokenizer.eos_token_ids)
-        self.core = EngineCore(scheduler, runner, tokenizer, eos, clock=clock)
+        self.scheduler = Scheduler(kv, config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len)
+        self.runner = ModelRunner(model, num_blocks, config.block_size, dtype, device)
+        self.eos_token_ids = tuple(model_config.eos_token_ids) or tuple(tokenizer.eos_token_ids)
+        self.vocab_size = int(model_config.vocab_size)
+        self.clock = clock
+        self._seeds: dict[str, int] = {}
+        self._detok: dict[str, IncrementalDetokenizer] = {}
+        self._generated_tokens = 0
+        self.max_failed_steps = max_failed_steps
+        self._num_failed_steps = 0  # in a row
         self._model = model
 
     @classmethod
@@ -53,7 +92,12 @@ class LLMEngine:
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
         normalize_quantization(config.quantization)  # an unknown or unbuilt one fails before the load
-        checkpoint = load_checkpoint(config.model_path)
+        shard = None
+        if config.tensor_parallel > 1:  # rank 0 reads only its shard of the weights too
+            from replica.engine.parallel.sharding import rank_weights
+
+            shard = rank_weights(config.tensor_parallel, 0)
+        checkpoint = load_checkpoint(config.model_path, shard=shard)
         dtype = dtype_name(resolve_dtype(config.dtype, config.device))
         if config.tensor_parallel > 1:  # one replica over N ranks: replica/engine/parallel/
             from replica.engine.parallel.driver import start_tensor_parallel
@@ -83,25 +127,144 @@ class LLMEngine:
 
     # --- the request API -------------------------------------------------------------------
 
-    def add_request(self, request_id: str, prompt_token_ids: list[int], sampling_params: SamplingParams, *,
-                    priority: int = 0, tenant: str = "", cache_salt: str = "") -> None:
-        self.core.add_request(request_id, prompt_token_ids, sampling_params,
-                              priority=priority, tenant=tenant, cache_salt=cache_salt)
+    def check_prompt(self, prompt_token_ids: list[int]) -> None:
+        """The one prompt check (InvalidRequestError): not empty, ids in the vocabulary, room
+        for at least one output token. Reads only what never changes after construction, so
+        any thread may call it (EngineLoop.submit does, to refuse at once)."""
+        if len(prompt_token_ids) == 0:
+            raise InvalidRequestError("the prompt is empty")
+        if min(prompt_token_ids) < 0 or max(prompt_token_ids) >= self.vocab_size:
+            raise InvalidRequestError(f"prompt token ids must lie in [0, {self.vocab_size})")
+        max_len = self.scheduler.max_seq_len
+        if len(prompt_token_ids) >= max_len:
+            raise InvalidRequestError(
+                f"the prompt has {len(prompt_token_ids)} tokens; this replica serves at most "
+                f"{max_len - 1} prompt tokens (context window {max_len}, prompt and output together)"
+            )
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        sampling_params: SamplingParams,
+        *,
+        priority: int = 0,
+        tenant: str = "",
+        cache_salt: str = "",
+    ) -> None:
+        self.check_prompt(prompt_token_ids)
+        if request_id in self.scheduler.requests:
+            raise InvalidRequestError(f"request id {request_id!r} is already in use")
+        request = Request(
+            request_id=request_id,
+            prompt_token_ids=list(prompt_token_ids),
+            sampling_params=sampling_params,
+            arrival_time=self.clock(),
+            priority=priority,
+            tenant=tenant,
+            cache_salt=cache_salt,
+        )
+        if sampling_params.seed is not None:  # the others share the sampler's batch generator
+            self._seeds[request_id] = sampling_params.seed
+        self._detok[request_id] = IncrementalDetokenizer(self.tokenizer, prompt_token_ids, sampling_params.stop)
+        self.scheduler.add_request(request)
 
     def abort_request(self, request_id: str) -> RequestOutput | None:
-        return self.core.abort_request(request_id)
-
-    def step(self, interrupt: Callable[[], bool] | None = None) -> list[RequestOutput]:
-        return self.core.step(interrupt)
-
-    def would_isolate(self, tenant: str, priority: int) -> bool:
-        return self.core.would_isolate(tenant, priority)
+        request = self.scheduler.requests.get(request_id)
+        if request is None:
+            return None
+        self.scheduler.finish(request, FinishReason.ABORT)
+        return self._final_output(request, [], "")
 
     def has_unfinished_requests(self) -> bool:
-        return self.core.has_unfinished_requests()
+        return self.scheduler.has_unfinished_requests()
+
+    def step(self) -> list[RequestOutput]:
+        """One step, one way: schedule -> run -> update, then detokenise the new tokens."""
+        out = self.scheduler.schedule()
+        if out.is_empty:
+            return []
+        try:
+            result = self.runner.execute(out, self._seeds)
+        except Exception as exc:  # noqa: BLE001 - the step's requests fail, not the engine
+            return self._fail_step(out, exc)
+        self._num_failed_steps = 0
+        # A row that could not be sampled fails alone, before update (which then skips it).
+        outputs = [self._error_output(self.scheduler.requests[request_id], ErrorKind.INTERNAL,
+                                      f"request failed: {message}")
+                   for request_id, message in result.failed.items()]
+        progressed = self.scheduler.update(out, result.sampled, self.eos_token_ids)
+        self._generated_tokens += len(progressed)
+        for request in progressed:
+            try:
+                outputs.append(self._postprocess(request))
+            except Exception as exc:  # noqa: BLE001 - one request's text must not fail the others
+                _log.exception("postprocessing %s failed", request.request_id)
+                outputs.append(self._error_output(request, ErrorKind.INTERNAL, f"request failed: {exc!r}"))
+        return outputs
+
+    def _postprocess(self, request: Request) -> RequestOutput:
+        token = request.output_token_ids[-1]
+        detok = self._detok[request.request_id]
+        delta, stopped = detok.append([token])
+        if stopped:
+            self.scheduler.finish(request, FinishReason.STOP)
+        if request.is_finished:
+            return self._final_output(request, [token], delta)
+        return self._output(request, [token], delta)
+
+    def _fail_step(self, out: SchedulerOutput, exc: Exception) -> list[RequestOutput]:
+        self._num_failed_steps += 1
+        if self._num_failed_steps >= self.max_failed_steps:
+            raise EngineFault(f"{self._num_failed_steps} engine steps in a row failed; the last: {exc!r}") from exc
+        _log.error("an engine step failed; failing the %d requests it held", len(out.scheduled), exc_info=exc)
+        return [self._error_output(request, ErrorKind.INTERNAL, f"request failed: the engine step failed: {exc!r}")
+                for request, _ in out.scheduled if not request.is_finished]
+
+    def _error_output(self, request: Request, kind: ErrorKind, message: str) -> RequestOutput:
+        """Finish `request` with an error: its blocks are freed, its counts reported."""
+        self.scheduler.finish(request, FinishReason.ABORT)
+        self._detok.pop(request.request_id, None)
+        self._seeds.pop(request.request_id, None)
+        out = self._output(request, [], "")
+        out.finished = True
+        out.finish_reason = FinishReason.ABORT
+        out.error = message
+        out.error_kind = kind
+        return out
+
+    def _output(self, request: Request, token_ids: list[int], delta: str) -> RequestOutput:
+        return RequestOutput(
+            request_id=request.request_id,
+            new_token_ids=token_ids,
+            text_delta=delta,
+            finished=False,
+            finish_reason=None,
+            num_prompt_tokens=request.num_prefilled_tokens,
+            num_output_tokens=request.num_output_tokens,
+            num_cached_tokens=min(request.num_cached_tokens, request.num_prefilled_tokens),
+        )
+
+    def _final_output(self, request: Request, token_ids: list[int], delta: str) -> RequestOutput:
+        detok = self._detok.pop(request.request_id)
+        self._seeds.pop(request.request_id, None)
+        out = self._output(request, token_ids, delta + detok.flush())
+        out.finished = True
+        out.finish_reason = request.finish_reason
+        return out
 
     def stats(self) -> EngineStats:
-        return self.core.stats()
+        s = self.scheduler
+        return EngineStats(
+            num_running=len(s.running),
+            num_waiting=len(s.waiting),
+            num_free_blocks=s.kv.num_free_blocks,
+            num_total_blocks=s.kv.num_blocks,
+            prefix_hit_tokens=s.prefix_hit_tokens,
+            prompt_tokens=s.prefilled_tokens,
+            generated_tokens=self._generated_tokens,
+            num_preemptions=s.num_preemptions,
+        )
 
     def generate(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams]) -> list[list[int]]:
         """Run prompts (token ids) to completion; return output token ids in prompt order."""

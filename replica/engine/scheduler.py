@@ -6,20 +6,12 @@ priority (lower value first), then fair share (the tenant served the fewest weig
 then arrival. When blocks run out a running request is preempted by recompute: the victim is
 the lowest-priority, latest-arrived running request.
 
-Newcomer isolation: when a waiting request of the best waiting tier belongs to a tenant with
-fewer requests in the engine (running or waiting, the newcomer included) than another tenant of
-its tier or below that has something running (an interactive user arriving while another
-tenant bursts), the step that admits it carries only the
-lighter tenants' work: the heavier tenants' decodes and prefills wait that one step. The newcomer's first token
-then costs one short step, not a step swollen by the burst. Never two isolated steps in a row,
-and only when the newcomer is actually admitted (else the held work runs in that same step), so
-nothing starves or idles; a burst of N running sequences loses at most every other step.
-
-Step interruption: a step already under way when such a newcomer arrives is cut short between
-two layers (the engine asks `would_isolate`; `interrupted` records it) and scheduled again after
-the newcomer's isolated step, so the newcomer does not wait for the heavier tenants' step
-either. Only an ordinary step that follows an ordinary completed step can be cut short: of any
-three steps in a row the heavier tenants get at least one.
+Tenants are isolated before the engine: the platform's admission queue gives each tenant its
+fair share of a replica's slots, so a bursting tenant holds only its share of the batch; inside
+the engine fair share orders the waiting queue and nothing else. (Newcomer isolation, which
+held a burst's work back for the step that started a lighter tenant's request, and step
+interruption, which cut a step under way short from inside the model's forward, were measured
+with benchmarks.fairness and removed: benchmarks/README.md, "fairness".)
 
 Invariants:
 - a request is in exactly one of `waiting`, `running`, or neither (finished);
@@ -77,10 +69,6 @@ class Scheduler:
         self.num_preemptions = 0
         self.prefix_hit_tokens = 0
         self.prefilled_tokens = 0  # cumulative sum of the requests' num_prefilled_tokens
-        self._isolated_last_step = False
-        self._interrupted_last_step = False
-        self.step_interruptible = False  # may the step just scheduled be cut short?
-        self.num_interrupted_steps = 0
 
     # --- admission -------------------------------------------------------------------------
 
@@ -105,21 +93,10 @@ class Scheduler:
         preempted: list[str] = []
         self.waiting.sort(key=self._waiting_key)
         self.running.sort(key=_priority_key)
-        was_ordinary = not self._isolated_last_step and not self._interrupted_last_step
-        self._interrupted_last_step = False
-        hold = self._isolation_hold()
-        self._schedule_running(scheduled, preempted, hold)
+        self._schedule_running(scheduled, preempted)
         # after a preemption the pool is under pressure: admit nothing new this step
         if not preempted:
-            admitted = self._admit_waiting(self._budget_left(scheduled), scheduled, preempted, hold)
-            if hold is not None and not any(not hold.holds(r) for r in admitted):
-                # The newcomer could not start: nothing to isolate, run the held work now.
-                hold = None
-                self._schedule_running(scheduled, preempted, None)
-                if not preempted:
-                    self._admit_waiting(self._budget_left(scheduled), scheduled, preempted, None)
-        self._isolated_last_step = hold is not None
-        self.step_interruptible = was_ordinary and hold is None
+            self._admit_waiting(self._budget_left(scheduled), scheduled, preempted)
 
         batch = [(self.requests[rid], n) for rid, n in scheduled.items()]
         return SchedulerOutput(
@@ -132,16 +109,15 @@ class Scheduler:
     def _budget_left(self, scheduled: dict[str, int]) -> int:
         return self.max_num_batched_tokens - sum(scheduled.values())
 
-    def _schedule_running(self, scheduled: dict[str, int], preempted: list[str],
-                          hold: _Hold | None) -> None:
-        """Schedule the running requests not yet in `scheduled` (priority order), except those
-        `hold` holds back; when blocks run out, preempt the worst running request."""
+    def _schedule_running(self, scheduled: dict[str, int], preempted: list[str]) -> None:
+        """Schedule the running requests (priority order); when blocks run out, preempt the
+        worst running request."""
         budget = self._budget_left(scheduled)
         i = 0
         while i < len(self.running) and budget > 0:
             request = self.running[i]
             num_new = min(request.num_tokens - request.num_computed_tokens, budget)
-            if num_new <= 0 or request.request_id in scheduled or (hold and hold.holds(request)):
+            if num_new <= 0:
                 i += 1
                 continue
             while not self.kv.allocate(request, num_new):
@@ -158,68 +134,10 @@ class Scheduler:
                 budget -= num_new
                 i += 1
 
-    def would_isolate(self, tenant: str, priority: int) -> bool:
-        """Would a request of `tenant` at `priority` arriving now get an isolated step next, so
-        that the step under way (if `step_interruptible`) is worth cutting short?"""
-        if self._isolated_last_step or len(self.running) >= self.max_num_seqs:
-            return False
-        if any(r.priority < priority for r in self.waiting):
-            return False  # a better tier waits: the newcomer would not go first
-        load = self._load_per_tenant(priority)
-        mine = load.pop(tenant, 0) + 1  # the newcomer's tenant's, the newcomer too
-        running = self._running_tenants
-        return any(n > mine and t in running for t, n in load.items())
-
-    def interrupted(self) -> None:
-        """The step just scheduled was cut short before any of it counted: its requests keep
-        their blocks and computed counts and are scheduled again."""
-        self._interrupted_last_step = True
-        self.num_interrupted_steps += 1
-
-    def _isolation_hold(self) -> _Hold | None:
-        """Which running work waits this step so that a lighter tenant's newcomer starts in a
-        short step (newcomer isolation), or None."""
-        if self._isolated_last_step or not self.waiting or len(self.running) >= self.max_num_seqs:
-            return None
-        tier = self.waiting[0].priority
-        load = self._load_per_tenant(tier)
-        running = self._running_tenants
-        for newcomer in self.waiting:  # fair-share order
-            if newcomer.priority != tier:
-                break
-            mine = load.get(newcomer.tenant, 0)  # the newcomer's tenant's, the newcomer too
-            heavier = frozenset(t for t, n in load.items()
-                                if n > mine and t in running and t != newcomer.tenant)
-            if heavier:
-                return _Hold(heavier, tier)
-        return None
-
-    @property
-    def _running_tenants(self) -> set[str]:
-        return {r.tenant for r in self.running}
-
-    def _load_per_tenant(self, priority: int) -> dict[str, int]:
-        """Requests per tenant in the engine, running or waiting, of `priority` or below (an
-        interactive tenant never counts against a standard newcomer). Waiting ones count: a
-        burst whose requests just finished and whose next ones only queued is still a burst.
-        Only a tenant with something running can be heavier (something under way to hold)."""
-        load: dict[str, int] = {}
-        for r in (*self.running, *self.waiting):
-            if r.priority >= priority:
-                load[r.tenant] = load.get(r.tenant, 0) + 1
-        return load
-
-    def _admit_waiting(self, budget: int, scheduled: dict[str, int], preempted: list[str],
-                       hold: _Hold | None) -> list[Request]:
-        """Admit waiting requests in order (except those `hold` holds back) while budget,
-        sequence slots and blocks allow; returns the admitted requests."""
-        admitted: list[Request] = []
-        i = 0
-        while i < len(self.waiting) and budget > 0:
-            request = self.waiting[i]
-            if hold is not None and hold.holds(request):
-                i += 1
-                continue
+    def _admit_waiting(self, budget: int, scheduled: dict[str, int], preempted: list[str]) -> None:
+        """Admit waiting requests in order while budget, sequence slots and blocks allow."""
+        while self.waiting and budget > 0:
+            request = self.waiting[0]
             if len(self.running) >= self.max_num_seqs:
                 if not self._make_room_for(request, scheduled, preempted):
                     break
@@ -237,13 +155,11 @@ class Scheduler:
             if request.num_preemptions == 0 and request.num_cached_tokens == 0:
                 request.num_cached_tokens = num_cached_tokens
             self.prefix_hit_tokens += num_cached_tokens
-            self.waiting.pop(i)
+            self.waiting.pop(0)
             request.status = RequestStatus.RUNNING
             self.running.append(request)
             scheduled[request.request_id] = num_new
             budget -= num_new
-            admitted.append(request)
-        return admitted
 
     def _make_room_for(self, request: Request, scheduled: dict[str, int], preempted: list[str]) -> bool:
         """Preempt the worst running request if it ranks strictly below `request`."""
@@ -323,17 +239,6 @@ class Scheduler:
         request.status = RequestStatus.FINISHED
         request.finish_reason = reason
         self.requests.pop(request.request_id, None)
-
-
-@dataclass(frozen=True)
-class _Hold:
-    """Newcomer isolation for one step: `tenants`' requests of priority >= `priority` wait."""
-
-    tenants: frozenset[str]
-    priority: int
-
-    def holds(self, request: Request) -> bool:
-        return request.tenant in self.tenants and request.priority >= self.priority
 
 
 def _priority_key(request: Request):

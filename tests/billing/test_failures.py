@@ -114,7 +114,7 @@ def test_redis_restarted_while_traffic_flows(account, model_version, tmp_path):
         try:
             for i, e in enumerate(events):
                 await recorder.record(e)
-                await asyncio.sleep(0.002)
+                await asyncio.sleep(0.002)  # traffic's pace (a stream of events), not a wait
                 if i == 150:
                     # SIGTERM: Redis writes its AOF and exits; the traffic keeps coming.
                     await asyncio.to_thread(lambda: (server.terminate(), server.wait(10)))

@@ -13,6 +13,8 @@ import pytest
 from django.conf import settings
 from django.db import connection
 
+from llm_platform.web_processes import APPLICATION, single_endpoint
+from models_registry.models import ModelVersion
 from models_registry.services import ensure_model_version, register_replica
 from tenants.services import create_api_key, create_tenant
 from tests.fakes.triton_server import parse_active_seqs
@@ -74,8 +76,8 @@ def platform_env(**overrides: str) -> dict[str, str]:
 def daphne_server(name: str, env: dict[str, str]) -> Iterator[tuple[str, Proc]]:
     """daphne serving the real ASGI app with `env`: (base URL, process), stopped on exit."""
     port = free_port()
-    proc = start(name, ["-m", "daphne", "-e", f"tcp:port={port}:interface=127.0.0.1:backlog=1024",
-                        "llm_platform.asgi:application"], env, LOG_DIR)
+    proc = start(name, ["-m", "daphne", "-e", single_endpoint("127.0.0.1", port),
+                        APPLICATION], env, LOG_DIR)
     url = f"http://127.0.0.1:{port}"
     try:
         wait_until(lambda: http_ok(url + "/healthz"), proc, 60, "healthz")
@@ -115,6 +117,16 @@ def _start_smollm2() -> tuple:
     return proc, server
 
 
+@pytest.fixture(scope="module")
+def fake_triton():
+    """The fake replica alone, for tests of the platform rather than the engine."""
+    proc, server = _start_fake()
+    try:
+        yield server
+    finally:
+        proc.stop()
+
+
 @pytest.fixture(scope="session", params=["fake", "smollm2"])
 def replica_server(request):
     proc, server = _start_fake() if request.param == "fake" else _start_smollm2()
@@ -122,6 +134,15 @@ def replica_server(request):
         yield server
     finally:
         proc.stop()
+
+
+def register_chat_small(server: ReplicaServer) -> ModelVersion:
+    """Model `chat-small` v1 with `server`'s weights, tokenizer and context, and `server` as its
+    one ready replica."""
+    version = ensure_model_version("chat-small", 1, server.weights_uri, tokenizer=server.tokenizer,
+                                   context_length=server.context_length)
+    register_replica(version, server.grpc_address, metrics_address=server.metrics_address)
+    return version
 
 
 @dataclass
@@ -138,9 +159,5 @@ class Fleet:
 @pytest.fixture
 def fleet(transactional_db, live_server_url, replica_server) -> Fleet:
     tenant = create_tenant("demo", "interactive")
-    version = ensure_model_version("chat-small", 1, replica_server.weights_uri,
-                                   tokenizer=replica_server.tokenizer,
-                                   context_length=replica_server.context_length)
-    register_replica(version, replica_server.grpc_address,
-                     metrics_address=replica_server.metrics_address)
+    register_chat_small(replica_server)
     return Fleet(live_server_url, create_api_key(tenant).raw_key, replica_server)

@@ -11,9 +11,8 @@ import threading
 import httpx
 import pytest
 
-from models_registry.services import ensure_model_version, register_replica
 from tenants.services import create_api_key, create_tenant
-from tests.e2e.conftest import daphne_server, platform_env
+from tests.e2e.conftest import daphne_server, platform_env, register_chat_small
 from tests.support.processes import wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -46,11 +45,7 @@ def test_waiting_and_streaming_requests_hold_no_database_connection(small_pool_u
                                                                    replica_server):
     url, daphne = small_pool_url
     tenant = create_tenant("pool", "interactive")
-    version = ensure_model_version("chat-small", 1, replica_server.weights_uri,
-                                   tokenizer=replica_server.tokenizer,
-                                   context_length=replica_server.context_length)
-    register_replica(version, replica_server.grpc_address,
-                     metrics_address=replica_server.metrics_address)
+    register_chat_small(replica_server)
     auth = {"Authorization": f"Bearer {create_api_key(tenant).raw_key}"}
     statuses: list[int] = []
 

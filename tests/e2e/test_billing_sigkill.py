@@ -20,9 +20,9 @@ from billing.leases import held_leases, lease_key
 from billing.models import UsageRecord
 from billing.reaper import reap_pending_usage
 from inference.usage_reaping import ask_replicas
-from models_registry.services import ensure_model_version, register_replica
+from replica.metric_names import GENERATED_TOKENS, PROMPT_TOKENS
 from tenants.services import create_api_key, create_tenant
-from tests.e2e.conftest import daphne_server, platform_env
+from tests.e2e.conftest import daphne_server, platform_env, register_chat_small
 from tests.support.billing import drain, reset_usage_stream
 from tests.support.waiting import wait_until
 
@@ -41,15 +41,11 @@ def test_sigkill_of_the_api_mid_stream_bills_what_the_replica_computed(transacti
                                                                        replica_server):
     reset_usage_stream()
     tenant = create_tenant("doomed", "interactive")
-    version = ensure_model_version("chat-small", 1, replica_server.weights_uri,
-                                   tokenizer=replica_server.tokenizer,
-                                   context_length=replica_server.context_length)
-    register_replica(version, replica_server.grpc_address,
-                     metrics_address=replica_server.metrics_address)
+    register_chat_small(replica_server)
     key = create_api_key(tenant).raw_key
     metrics = replica_server.metrics_address
-    prompt_before = counter(metrics, "replica_prompt_tokens_total")
-    generated_before = counter(metrics, "replica_generated_tokens_total")
+    prompt_before = counter(metrics, PROMPT_TOKENS)
+    generated_before = counter(metrics, GENERATED_TOKENS)
     body = {"model": "chat-small", "stream": True, "max_tokens": 2000, "temperature": 0.0,
             "messages": [{"role": "user", "content": "Count from one to one thousand."}]}
     env = platform_env(BILLING_LEASE_TTL_SECONDS="1")
@@ -84,8 +80,8 @@ def test_sigkill_of_the_api_mid_stream_bills_what_the_replica_computed(transacti
         client.close()
     assert result.finalised == 1
     row = UsageRecord.objects.get(request_id=request_ids[0])
-    prompt_computed = counter(metrics, "replica_prompt_tokens_total") - prompt_before
-    generated = counter(metrics, "replica_generated_tokens_total") - generated_before
+    prompt_computed = counter(metrics, PROMPT_TOKENS) - prompt_before
+    generated = counter(metrics, GENERATED_TOKENS) - generated_before
     assert row.status == "cancelled"
     assert (row.input_tokens, row.output_tokens) == (prompt_computed, generated)
     assert row.output_tokens >= num_seen > 0 and row.input_tokens > 0

@@ -16,10 +16,9 @@ import pytest
 import redis as redis_lib
 from django.conf import settings
 
-from models_registry.services import ensure_model_version, register_replica
 from tenants.models import Tenant
 from tenants.services import create_api_key, create_tenant
-from tests.e2e.conftest import daphne_server, platform_env
+from tests.e2e.conftest import daphne_server, platform_env, register_chat_small
 from tests.support.processes import wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -75,11 +74,7 @@ def test_burst_with_small_pools_answers_everyone_and_leaks_nothing(small_pools, 
     tier = tenant.tier
     tier.max_queue_wait_ms = 180_000
     tier.save()
-    version = ensure_model_version("chat-small", 1, replica_server.weights_uri,
-                                   tokenizer=replica_server.tokenizer,
-                                   context_length=replica_server.context_length)
-    register_replica(version, replica_server.grpc_address,
-                     metrics_address=replica_server.metrics_address)
+    version = register_chat_small(replica_server)
     auth = {"Authorization": f"Bearer {create_api_key(tenant).raw_key}"}
 
     async def one(client: httpx.AsyncClient, n: int):

@@ -24,7 +24,7 @@ from models_registry.models import Replica
 from models_registry.services import ensure_model_version, register_replica
 from tenants.models import ApiKey, Tenant
 from tenants.services import add_member, create_api_key, create_tenant, ensure_tier
-from tests.e2e.conftest import _start_fake, _start_smollm2
+from tests.e2e.conftest import _start_smollm2
 from tests.support.billing import drain, event, priced, reset_usage_stream
 from tests.support.browser import chromium, screenshot
 
@@ -47,15 +47,6 @@ def page(browser):
         yield context.new_page()
     finally:
         context.close()
-
-
-@pytest.fixture(scope="module")
-def fake_triton():
-    proc, server = _start_fake()
-    try:
-        yield server
-    finally:
-        proc.stop()
 
 
 @pytest.fixture(scope="module")

@@ -9,21 +9,11 @@ from django.contrib.auth.models import User
 from models_registry.services import ensure_model_version, register_replica
 from tenants.services import add_member, create_api_key, create_tenant
 from billing.models import UsageHourly
-from tests.e2e.conftest import _start_fake
 from tests.e2e.test_consoles_browser import login_member
 from tests.support.billing import drain, reset_usage_stream
 from tests.support.browser import chromium, screenshot
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
-
-
-@pytest.fixture(scope="module")
-def fake_triton():
-    proc, server = _start_fake()
-    try:
-        yield server
-    finally:
-        proc.stop()
 
 
 def test_dashboard_shows_a_request_made_seconds_before(live_server_url, fake_triton):

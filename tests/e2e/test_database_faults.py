@@ -12,9 +12,8 @@ import httpx
 import pytest
 from django.db import connection
 
-from models_registry.services import ensure_model_version, register_replica
 from tenants.services import create_api_key, create_tenant
-from tests.e2e.conftest import _database_url, daphne_server, platform_env
+from tests.e2e.conftest import _database_url, daphne_server, platform_env, register_chat_small
 from tests.support.tcp_proxy import TcpProxy
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -43,11 +42,7 @@ def proxied(transactional_db, settings):
 
 def _setup(replica_server) -> dict:
     tenant = create_tenant(f"db-{uuid.uuid4().hex[:4]}", "interactive")
-    version = ensure_model_version("chat-small", 1, replica_server.weights_uri,
-                                   tokenizer=replica_server.tokenizer,
-                                   context_length=replica_server.context_length)
-    register_replica(version, replica_server.grpc_address,
-                     metrics_address=replica_server.metrics_address)
+    register_chat_small(replica_server)
     return {"Authorization": f"Bearer {create_api_key(tenant).raw_key}"}
 
 
@@ -68,7 +63,7 @@ def _recovers(url: str, auth: dict) -> None:
         if response.status_code == 200 or time.monotonic() > end:
             break
         assert response.status_code == 503, response.text
-        time.sleep(0.5)
+        time.sleep(0.5)  # the client's retry
     assert response.status_code == 200, response.text
 
 

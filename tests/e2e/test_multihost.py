@@ -36,6 +36,7 @@ from tenants.services import create_api_key, create_tenant
 from tests.e2e.conftest import LOG_DIR, SMOLLM2_WEIGHTS, platform_env
 from tests.support.billing import priced
 from inference.tokenization import resolve_weights
+from llm_platform.web_processes import APPLICATION, single_endpoint
 from replica.weights_cache import cached_path
 from tests.support.fleet import Control, Load, kill_replica_servers
 from tests.support.https_files import HttpsFiles
@@ -123,8 +124,8 @@ def test_requests_stream_from_two_hosts_and_a_cut_node_is_replaced(transactional
     try:
         wait_until(lambda: "forwarding" in forward.log_tail(), forward, 30, "forwarding")
         procs.append(network.start("web", "mh-daphne", [
-            "-m", "daphne", "-e", f"tcp:port={WEB_PORT}:interface={web}:backlog=1024",
-            "llm_platform.asgi:application"], env, LOG_DIR))
+            "-m", "daphne", "-e", single_endpoint(web, WEB_PORT),
+            APPLICATION], env, LOG_DIR))
         for host, (zone, name) in nodes.items():
             procs.append(network.start(host, f"mh-agent-{host}", [
                 "manage.py", "nodeagent", "--name", name, "--zone", zone,

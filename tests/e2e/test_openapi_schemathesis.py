@@ -11,7 +11,6 @@ from schemathesis.checks import (
     status_code_conformance,
 )
 
-from tests.e2e.conftest import _start_fake
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -21,13 +20,9 @@ CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance,
 
 
 @pytest.fixture(scope="module")
-def replica_server():
+def replica_server(fake_triton):
     """Only the fake replica here: the cases exercise the platform, not the engine."""
-    proc, server = _start_fake()
-    try:
-        yield server
-    finally:
-        proc.stop()
+    return fake_triton
 
 
 def test_no_5xx_and_every_response_matches_the_document(fleet):

@@ -177,6 +177,7 @@ async def _burst_and_kill(base_url: str, key: str, replicas: list[ReplicaProcess
             loads = [active(p) for p in replicas]
             if sum(loads) >= n // 2:
                 break
+            # A bounded poll that goes on with whatever load it saw: the kill needs one busy replica.
             await asyncio.sleep(0.05)
         victim = max(range(len(replicas)), key=lambda i: loads[i])
         assert loads[victim] > 0, "no replica received a request"

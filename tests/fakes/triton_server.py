@@ -36,6 +36,8 @@ import numpy as np
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import deserialize_bytes_tensor, serialize_byte_tensor, triton_to_np_dtype
 
+from replica.metric_names import RUNNING_SEQS, WAITING_SEQS
+
 OUTPUTS = (
     ("text_output", "BYTES"),
     ("finish_reason", "BYTES"),
@@ -182,7 +184,7 @@ class FakeTriton(service_pb2_grpc.GRPCInferenceServiceServicer):
         self.state.tasks[request.id] = asyncio.current_task()
         try:
             if "[slow-prefill]" in text:
-                await asyncio.sleep(5.0)
+                await asyncio.sleep(5.0)  # the fake's behaviour: a long prefill
             for index in range(limit):
                 if "[die-after-2]" in text and index == 2:
                     await queue.put(error_response("engine died mid-stream (fake)"))
@@ -193,7 +195,7 @@ class FakeTriton(service_pb2_grpc.GRPCInferenceServiceServicer):
                     entry["finish_reason"] = finish
                 await queue.put(encode_response(request, f" t{index}", finish if last else "",
                                                 num_in, index + 1, last))
-                await asyncio.sleep(delay)
+                await asyncio.sleep(delay)  # the fake's behaviour: `[slow]` pacing
         finally:
             self.state.num_running -= 1
             entry["state"] = "finished"
@@ -207,10 +209,12 @@ class FakeTriton(service_pb2_grpc.GRPCInferenceServiceServicer):
                     task.cancel()
         unknown = {"state": "unknown", "input_tokens": 0, "cached_tokens": 0,
                    "output_tokens": 0, "finish_reason": "", "error": ""}
-        deadline = asyncio.get_running_loop().time() + float(command.get("wait_s", 0.0))
-        while (any(self.state.usage.get(i, unknown)["state"] == "running" for i in ids)
-               and asyncio.get_running_loop().time() < deadline):
-            await asyncio.sleep(0.01)
+        # Up to wait_s for the running ones to end: each generation is its own task (it marks
+        # its ledger entry finished as it ends).
+        running = [task for task in (self.state.tasks.get(i) for i in ids) if task is not None]
+        wait_s = float(command.get("wait_s", 0.0))
+        if running and wait_s > 0:
+            await asyncio.wait(running, timeout=wait_s)
         return control_response(request, {"usage": {i: dict(self.state.usage.get(i, unknown))
                                                      for i in ids}})
 
@@ -221,9 +225,9 @@ async def _serve_metrics(state: FakeState, reader, writer) -> None:
     except (asyncio.IncompleteReadError, ConnectionError):  # a port probe, not a request
         writer.close()
         return
-    body = (f"# TYPE replica_running_seqs gauge\n"
-            f"replica_running_seqs{{model=\"chat-small\",version=\"1\"}} {state.num_running}\n"
-            f"replica_waiting_seqs{{model=\"chat-small\",version=\"1\"}} 0\n").encode()
+    body = (f"# TYPE {RUNNING_SEQS} gauge\n"
+            f"{RUNNING_SEQS}{{model=\"chat-small\",version=\"1\"}} {state.num_running}\n"
+            f"{WAITING_SEQS}{{model=\"chat-small\",version=\"1\"}} 0\n").encode()
     writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: "
                  + str(len(body)).encode() + b"\r\nConnection: close\r\n\r\n" + body)
     await writer.drain()
@@ -270,10 +274,10 @@ def parse_gauge(metrics_text: str, name: str) -> int:
 
 def parse_active_seqs(metrics_text: str) -> int:
     """Running + waiting sequences, as the real replica reports them on its metrics port."""
-    running = parse_gauge(metrics_text, "replica_running_seqs")
-    waiting = parse_gauge(metrics_text, "replica_waiting_seqs")
+    running = parse_gauge(metrics_text, RUNNING_SEQS)
+    waiting = parse_gauge(metrics_text, WAITING_SEQS)
     if running < 0 or waiting < 0:
-        raise ValueError("no replica_running_seqs / replica_waiting_seqs gauges in:\n" + metrics_text)
+        raise ValueError(f"no {RUNNING_SEQS} / {WAITING_SEQS} gauges in:\n" + metrics_text)
     return running + waiting
 
 

@@ -18,11 +18,12 @@ from tests.fakes.dispatcher import RecordingDispatcher
 from tests.support.billing import priced
 
 from inference.tokenization import TokenizerCache, load_weights_tokenizer, resolve_weights
-from models_registry.models import ModelVersion, StoredTokenizer
+from models_registry.models import ModelVersion, Replica, StoredTokenizer
 from models_registry.services import ensure_model_version
 from replica.weights_cache import WeightsError, cached_path, fetch
 from tests.e2e.conftest import SMOLLM2_WEIGHTS
 from tests.support.https_files import HttpsFiles
+from tests.support.waiting import wait_until
 
 PAYLOAD = b"GGUF-not-really" * 70000  # ~1 MB: several chunks
 SHA = hashlib.sha256(PAYLOAD).hexdigest()
@@ -132,9 +133,58 @@ def test_a_node_agent_fails_a_replica_whose_weights_do_not_match(served, tmp_pat
     replica, = place_replicas(version, 1, now=timezone.now(), reason="test",
                               dispatcher=RecordingDispatcher(), lost_after_s=15)
     agent = NodeAgent(AgentConfig(name="n1", log_dir=tmp_path / "logs"), now=timezone.now)
-    assert agent.start_replica(replica.pk) is False  # nothing launched
+    assert agent.start_replica(replica.pk) is True  # the download runs on its own thread
+    wait_until(lambda: _state(replica) == "failed", 60, "the replica to fail on the hash")
     replica.refresh_from_db()
-    assert replica.state == "failed"
+    assert replica.grpc_address == ""  # nothing launched
     assert replica.transitions.last().reason.startswith(f"weights unavailable: {files.base_url}"
                                                         f"/model.gguf: SHA-256 is {SHA}")
     assert agent.replica_ids() == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_slow_download_does_not_hold_up_another_start_on_the_agent(tmp_path, monkeypatch):
+    """The first https start downloads on its own thread: the agent's task returns at once, the
+    replica stays loading while the bytes trickle, a second start on the same agent launches
+    meanwhile, and the first launches once its weights are in (then fails: they are not a
+    model, which is beside the point here)."""
+    root, certs = tmp_path / "www", tmp_path / "certs"
+    root.mkdir()
+    certs.mkdir()
+    (root / "model.gguf").write_bytes(PAYLOAD)
+    local = tmp_path / "local.gguf"
+    local.write_bytes(PAYLOAD)
+    hold = threading.Event()
+    with HttpsFiles(root, certs, hold=hold) as files:
+        monkeypatch.setenv("WEIGHTS_CA_FILE", str(files.ca_file))
+        monkeypatch.setenv("WEIGHTS_CACHE_DIR", str(tmp_path / "node-cache"))
+        slow = priced(ensure_model_version("remote", 1, f"{files.base_url}/model.gguf", weights_sha256=SHA))
+        other = priced(ensure_model_version("local", 1, str(local)))
+        register_node("n1", zone="z", address="127.0.0.1", cpu_slots=2, memory_mib=4096,
+                      accelerator="cpu", now=timezone.now())
+        first, = place_replicas(slow, 1, now=timezone.now(), reason="test",
+                                dispatcher=RecordingDispatcher(), lost_after_s=15)
+        second, = place_replicas(other, 1, now=timezone.now(), reason="test",
+                                 dispatcher=RecordingDispatcher(), lost_after_s=15)
+        agent = NodeAgent(AgentConfig(name="n1", log_dir=tmp_path / "logs"), now=timezone.now)
+        try:
+            assert agent.start_replica(first.pk) is True  # returned: the download runs elsewhere
+            assert files.trickling.wait(60), "the download never started"
+            assert agent.start_replica(second.pk) is True  # launched while the first downloads
+            assert second.pk in agent.replica_ids() or _state(second) != "loading"
+            first.refresh_from_db()
+            assert (first.state, first.grpc_address) == ("loading", "")  # not launched yet
+            assert first.pk not in agent.replica_ids()
+            assert agent.start_replica(first.pk) is False  # one download per replica
+            hold.set()
+            wait_until(lambda: _state(first) != "loading" or first.pk in agent.replica_ids(), 60,
+                       "the first replica to launch after its download")
+            assert cached_path(files.base_url + "/model.gguf", SHA, tmp_path / "node-cache").is_file()
+            assert Replica.objects.get(pk=first.pk).grpc_address  # it got ports: it was launched
+        finally:
+            hold.set()
+            agent.shutdown(timeout_s=60)
+
+
+def _state(replica) -> str:
+    return Replica.objects.filter(pk=replica.pk).values_list("state", flat=True).get()

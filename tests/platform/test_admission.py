@@ -281,7 +281,7 @@ class DeafQueue(AdmissionQueue):
 
     async def wait_for_wake(self, model, ticket, timeout_s):
         self.num_waits += 1
-        await asyncio.sleep(timeout_s)
+        await asyncio.sleep(timeout_s)  # the fake's behaviour: it hears nothing till the timeout
         return False
 
 

@@ -3,13 +3,14 @@ import json
 import re
 from pathlib import Path
 
+from inference import metrics as admission
 from inference.observability.families import ALL, COUNTER
 from inference.routing_stats import COUNTERS as ROUTER_COUNTERS
 from replica.backend import vllm_metrics
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "llm-platform.json"
-ADMISSION = {"llmp_admission_queue_depth", "llmp_admission_slots_in_use",
-             "llmp_admission_rejected_total", "llmp_admission_wait_seconds_bucket"}
+ADMISSION = {admission.QUEUE_DEPTH, admission.SLOTS_IN_USE, admission.REJECTED,
+             admission.WAIT_SECONDS + "_bucket"}
 
 
 def exported() -> set[str]:

@@ -21,7 +21,7 @@ stop_on_signals()
 child = spawn(["sleep", "600"])
 try:
     print(child.pid, flush=True)
-    time.sleep(600)
+    time.sleep(600)  # a stand-in parent that lives until it is stopped
 finally:
     print("finally", flush=True)
 """

@@ -56,7 +56,7 @@ async def until_ok(client, auth, within_s: float):
         if response.status_code == 200 or time.monotonic() > end:
             return response
         assert response.status_code == 503, response.content
-        await asyncio.sleep(0.2)
+        await asyncio.sleep(0.2)  # a client's retry
 
 
 def assert_unavailable(response, elapsed_s):

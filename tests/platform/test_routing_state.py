@@ -18,6 +18,7 @@ from models_registry.services import register_replica
 from replica.engine.kv.manager import KVCacheManager
 from replica.engine.request import Request
 from replica.engine.sampling_params import SamplingParams
+from replica import metric_names as names
 from tests.support.waiting import async_wait_until
 
 
@@ -104,28 +105,27 @@ async def test_circuit_opens_after_consecutive_failures_then_one_probe(redis):
 
 
 def test_parse_metrics_reads_the_replicas_port():
-    text = """# HELP replica_kv_free_blocks Free KV cache blocks
-# TYPE replica_kv_free_blocks gauge
-replica_kv_free_blocks{model="chat-small",version="1"} 120
-replica_kv_total_blocks{model="chat-small",version="1"} 200
-replica_waiting_seqs{model="chat-small",version="1"} 3
-replica_running_seqs{model="chat-small",version="1"} 2
-replica_prefix_cache_hit_tokens_total{model="chat-small",version="1"} 4096
-nv_inference_count{model="chat-small",version="1"} 9
-"""
+    labels = '{model="chat-small",version="1"}'
+    text = (f"# HELP {names.KV_FREE_BLOCKS} Free KV cache blocks\n"
+            f"# TYPE {names.KV_FREE_BLOCKS} gauge\n"
+            f"{names.KV_FREE_BLOCKS}{labels} 120\n"
+            f"{names.KV_TOTAL_BLOCKS}{labels} 200\n"
+            f"{names.WAITING_SEQS}{labels} 3\n"
+            f"{names.RUNNING_SEQS}{labels} 2\n"
+            f"{names.PREFIX_CACHE_HIT_TOKENS}{labels} 4096\n"
+            f"nv_inference_count{labels} 9\n")  # Triton's own: not read
     assert parse_metrics(text) == ReplicaSignals(
         running_seqs=2, waiting_seqs=3, kv_free_blocks=120, kv_total_blocks=200,
         prefix_hit_tokens=4096)
 
 
 def test_parse_info_reads_what_the_engine_runs():
-    text = """# TYPE replica_engine_info gauge
-replica_engine_info{dtype="float32",model="chat-small",quantization="int8",version="2"} 1
-replica_running_seqs{model="chat-small",version="2"} 0
-"""
+    text = (f"# TYPE {names.ENGINE_INFO} gauge\n"
+            f'{names.ENGINE_INFO}{{dtype="float32",model="chat-small",quantization="int8",version="2"}} 1\n'
+            f'{names.RUNNING_SEQS}{{model="chat-small",version="2"}} 0\n')
     assert parse_info(text) == {"dtype": "float32", "model": "chat-small", "quantization": "int8",
                                 "version": "2"}
-    assert parse_info('replica_running_seqs{model="m",version="1"} 0\n') == {}
+    assert parse_info(f'{names.RUNNING_SEQS}{{model="m",version="1"}} 0\n') == {}
 
 
 async def _read_is_empty(store, replica_id: int) -> bool:

@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from replica.engine.engine_core import EngineFault
+from replica.engine.engine_loop import Engine, EngineLoop
+from replica.engine.llm_engine import EngineFault
 from replica.engine.request import ErrorKind, FinishReason
 from replica.engine.runner.sampler import SampleError, Sampler, sample_one
 from replica.engine.sampling_params import GREEDY_TEMPERATURE, InvalidRequestError, SamplingParams
@@ -151,11 +152,32 @@ def test_prompt_token_ids_outside_the_vocabulary_are_refused(state_dict):
     assert not engine.has_unfinished_requests()
 
 
+@pytest.mark.parametrize("ids, needle", [
+    ([], "the prompt is empty"),
+    ([TINY.vocab_size], "token ids must lie in"),
+    ([1] * 10_000, "context window"),
+])
+def test_one_prompt_check_for_the_engine_and_its_loop(state_dict, ids, needle):
+    """The loop refuses on the caller's thread with the engine's own check and message."""
+    engine = our_engine(TINY, state_dict)
+    assert isinstance(engine, Engine)
+    with pytest.raises(InvalidRequestError, match=needle):
+        engine.add_request("direct", ids, SamplingParams())
+    loop = EngineLoop(engine)
+    loop.start()
+    try:
+        with pytest.raises(InvalidRequestError, match=needle):
+            loop.submit("looped", ids, SamplingParams(), on_output=lambda output: None)
+        assert loop.num_open == 0
+    finally:
+        loop.stop()
+
+
 def _break_rows(engine, rows_for: dict[str, float]):
     """Make the model's logits `value` for the rows of the given request ids."""
-    runner = engine.core.runner
+    runner = engine.runner
     real_sample = runner.sampler.sample
-    scheduler = engine.core.scheduler
+    scheduler = engine.scheduler
 
     def sample(logits, params, seeds, indices):
         logits = logits.clone()
@@ -184,7 +206,7 @@ def test_non_finite_logits_fail_that_request_alone_and_the_engine_goes_on(state_
 
 
 def _fail_forward(engine, times: int):
-    model = engine.core.runner.model
+    model = engine.runner.model
     real = model.forward
     state = {"left": times}
 
@@ -214,7 +236,7 @@ def test_a_failed_step_fails_its_requests_and_later_ones_are_served(state_dict):
 def test_steps_failing_over_and_over_kill_the_engine(state_dict):
     engine = our_engine(TINY, state_dict)
     _fail_forward(engine, times=100)
-    for i in range(engine.core.max_failed_steps - 1):
+    for i in range(engine.max_failed_steps - 1):
         engine.add_request(f"r{i}", [5, 6, i], SamplingParams(max_tokens=3))
         outputs = engine.step()
         assert [o.error_kind for o in outputs] == [ErrorKind.INTERNAL]

@@ -6,14 +6,15 @@ import time
 
 import pytest
 
-from replica.engine.engine_loop import EngineDeadError, EngineLoop, EngineUnavailableError, InjectedFault
+from replica.engine.engine_loop import Engine, EngineDeadError, EngineLoop, EngineUnavailableError, InjectedFault
 from replica.engine.request import ErrorKind, FinishReason, RequestOutput
 from replica.engine.sampling_params import InvalidRequestError, SamplingParams
 from tests.support.waiting import wait_until
 
 
 class ScriptedEngine:
-    """Emits one token per step per request until max_tokens; records which thread calls it."""
+    """Emits one token per step per request until max_tokens; records which thread calls it.
+    An `Engine` (engine_loop.py) as the loop sees it."""
 
     max_model_len = 32
 
@@ -28,6 +29,12 @@ class ScriptedEngine:
 
     def _touch(self) -> None:
         self.caller_threads.add(threading.current_thread().name)
+
+    def check_prompt(self, prompt_token_ids):
+        if not prompt_token_ids:
+            raise InvalidRequestError("the prompt is empty")
+        if len(prompt_token_ids) >= self.max_model_len:
+            raise InvalidRequestError(f"the context window is {self.max_model_len} tokens")
 
     def add_request(self, request_id, prompt_token_ids, sampling_params, *, priority=0, tenant="", cache_salt=""):
         self._touch()
@@ -48,13 +55,13 @@ class ScriptedEngine:
         self._touch()
         return bool(self.requests)
 
-    def step(self, interrupt=None):
+    def step(self):
         self._touch()
         self.num_steps += 1
         if self.fail_on_step is not None and self.num_steps >= self.fail_on_step:
             raise RuntimeError("kaboom")
         if self.step_sleep_s:
-            time.sleep(self.step_sleep_s)
+            time.sleep(self.step_sleep_s)  # the scripted engine's step time
         outputs = []
         for request_id, state in list(self.requests.items()):
             state[2] += 1
@@ -66,9 +73,6 @@ class ScriptedEngine:
             if done:
                 del self.requests[request_id]
         return outputs
-
-    def would_isolate(self, tenant, priority):
-        return False
 
     def stats(self):
         self._touch()
@@ -184,7 +188,7 @@ def test_idle_loop_sleeps_instead_of_spinning(loop, engine):
     loop.submit("a", [1], greedy(2), on_output=got("a"))
     got.wait("a")
     steps = engine.num_steps
-    time.sleep(0.1)
+    time.sleep(0.1)  # an observation window: nothing may happen in it (no event to wait for)
     assert engine.num_steps == steps
 
 
@@ -269,58 +273,15 @@ def test_ticks_publish_stats_while_busy_and_once_on_going_idle(engine):
     loop.stop()
 
 
+def test_the_stand_in_is_an_engine_as_the_loop_sees_it(engine):
+    assert isinstance(engine, Engine)  # the real one: test_engine_faults.py
+    assert not isinstance(object(), Engine)
+
+
 def test_submit_before_start_is_refused(engine):
     loop = EngineLoop(engine)
     with pytest.raises(EngineUnavailableError, match="not started"):
         loop.submit("a", [1], greedy(1), on_output=lambda o: None)
-
-
-class InterruptibleEngine(ScriptedEngine):
-    """Each step polls `interrupt` like the model does between layers; a lighter tenant is
-    "B" (the only tenant `would_isolate` says yes to)."""
-
-    def __init__(self) -> None:
-        super().__init__(step_sleep_s=0.0)
-        self.interrupted_steps = 0
-        self.step_started = threading.Event()
-
-    def step(self, interrupt=None):
-        self._touch()
-        self.step_started.set()
-        deadline = time.monotonic() + 0.2
-        while time.monotonic() < deadline:  # a long step, "layer" by "layer"
-            if interrupt is not None and interrupt():
-                self.interrupted_steps += 1
-                return []
-            time.sleep(0.002)
-        return super().step()
-
-    def add_request(self, request_id, prompt_token_ids, sampling_params, *, priority=0, tenant="", cache_salt=""):
-        super().add_request(request_id, prompt_token_ids, sampling_params, priority=priority,
-                            tenant=tenant, cache_salt=cache_salt)
-
-    def would_isolate(self, tenant, priority):
-        return tenant == "B"
-
-
-def test_a_lighter_newcomer_cuts_the_step_under_way_short_and_a_heavier_one_does_not():
-    engine = InterruptibleEngine()
-    loop = EngineLoop(engine)
-    loop.start()
-    got = Collector()
-    try:
-        loop.submit("a1", [1], greedy(3), tenant="A", on_output=got("a1"))
-        assert engine.step_started.wait(2.0)
-        loop.submit("a2", [1], greedy(3), tenant="A", on_output=got("a2"))  # the burst itself
-        # a2 reaches the engine once the step it arrived during has ended: that whole step ran.
-        wait_until(lambda: "a2" in engine.requests, 5.0, "a2 added after the step under way")
-        assert engine.interrupted_steps == 0
-        loop.submit("b1", [1], greedy(1), tenant="B", on_output=got("b1"))
-        got.wait("a1", "a2", "b1")
-        assert engine.interrupted_steps == 1  # once per arrival, not once per poll
-        assert [o.new_token_ids for o in got.outputs["a1"]] == [[1], [2], [3]]  # nothing lost
-    finally:
-        loop.stop()
 
 
 def test_a_dead_loop_says_so_once_and_refuses_with_engine_dead():

@@ -97,12 +97,13 @@ class FakeMetric:
 
 
 def test_the_engine_alive_gauge_is_1_until_the_engine_dies():
-    from replica.backend.engine_metrics import ALIVE, EngineMetrics
+    from replica.backend.engine_metrics import EngineMetrics
+    from replica.metric_names import ENGINE_ALIVE
 
     pb = type("Pb", (), {"MetricFamily": FakeFamily})
     FakeFamily.metrics = []
     metrics = EngineMetrics(pb, {"model": "m", "version": "1"}, {"dtype": "float32", "quantization": "none"})
-    (alive,) = [m for m in FakeFamily.metrics if m.name == ALIVE]
+    (alive,) = [m for m in FakeFamily.metrics if m.name == ENGINE_ALIVE]
     assert alive.value == 1.0
     metrics.set_alive(False)
     assert alive.value == 0.0

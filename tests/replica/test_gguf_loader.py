@@ -21,14 +21,6 @@ Q = gguf.GGMLQuantizationType
 
 
 @pytest.fixture(scope="module")
-def model_path() -> str:
-    try:
-        return default_model_path()
-    except FileNotFoundError as e:
-        pytest.skip(str(e))
-
-
-@pytest.fixture(scope="module")
 def reader(model_path) -> GGUFReader:
     return GGUFReader(model_path)
 

@@ -70,7 +70,7 @@ def test_int4_agrees_with_float32_teacher_forced(checkpoint, blocks):
 def test_engine_serves_int4_from_config(checkpoint):
     engine = LLMEngine.from_config(EngineConfig(model_path=default_model_path(), dtype="bfloat16",
                                                 quantization="int4", kv_cache_bytes=16 << 20))
-    assert engine.core.runner.model.quantization == "int4"
+    assert engine.runner.model.quantization == "int4"
     prompt = checkpoint.tokenizer.encode_chat([{"role": "user", "content": "What is the capital of France?"}])
     answer = engine.generate([prompt], SamplingParams(max_tokens=8, temperature=0.0))[0]
     assert "Paris" in checkpoint.tokenizer.decode(answer)

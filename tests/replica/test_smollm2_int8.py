@@ -46,14 +46,14 @@ def test_int8_agrees_with_float32(checkpoint):
     prompts = [checkpoint.tokenizer.encode_chat([{"role": "user", "content": q}]) for q in QUESTIONS]
     params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0)
     reference, quantised = _engine(checkpoint, "none"), _engine(checkpoint, "int8")
-    assert weight_bytes(quantised.core.runner.model) < 0.3 * weight_bytes(reference.core.runner.model)
+    assert weight_bytes(quantised.runner.model) < 0.3 * weight_bytes(reference.runner.model)
     expected = [reference.generate([p], params)[0] for p in prompts]
     got = [quantised.generate([p], params)[0] for p in prompts]
     identical = sum(a == b for a, b in zip(got, expected)) / len(prompts)
     same_top1, counted = 0, 0
     for prompt, answer in zip(prompts, expected):
-        ref = answer_logits(reference.core.runner.model, prompt, answer)
-        ours = answer_logits(quantised.core.runner.model, prompt, answer)
+        ref = answer_logits(reference.runner.model, prompt, answer)
+        ours = answer_logits(quantised.runner.model, prompt, answer)
         same_top1 += (ref.argmax(-1) == ours.argmax(-1)).sum().item()
         counted += len(answer)
     top1 = same_top1 / counted

@@ -122,12 +122,12 @@ def single_device_tokens() -> list[list[int]]:
 def test_greedy_tokens_over_n_ranks_equal_one_device(single_device_tokens, tensor_parallel):
     engine = _engine(tensor_parallel)
     try:
-        assert engine.core.runner.model.world_size == tensor_parallel
+        assert engine.runner.model.world_size == tensor_parallel
         assert _greedy_runs(engine) == single_device_tokens
     finally:
         engine.close()
     assert all(not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-               for pid in engine.core.runner.model.worker_pids)
+               for pid in engine.runner.model.worker_pids)
 
 
 @pytest.mark.slow
@@ -137,15 +137,15 @@ def test_a_dead_worker_is_a_dead_engine():
     reasons: list[str] = []
     engine.on_failure(lambda reason: (reasons.append(reason), failed.set()))
     try:
-        (worker,) = engine.core.runner.model.worker_pids
+        (worker,) = engine.runner.model.worker_pids
         os.kill(worker, signal.SIGKILL)
         assert failed.wait(60), "the engine did not notice its worker's death"
         assert reasons == [f"tensor-parallel worker rank 1 (pid {worker}) exited with code -9"]
         engine.add_request("after", engine.tokenizer.encode("Hello"), GREEDY)
-        (output,) = engine.step()  # the step fails its request; the engine core counts the failure
+        (output,) = engine.step()  # the step fails its request; the engine counts the failure
         assert output.finished and "tensor-parallel worker rank 1" in output.error
         with pytest.raises(TensorParallelError):
-            engine.core.runner.model(*[None] * 5)
+            engine.runner.model(*[None] * 5)
     finally:
         engine.close()
 
@@ -169,7 +169,7 @@ def test_workers_die_with_rank_0(started_from):
               "from replica.engine.llm_engine import LLMEngine\n"
               "from replica.engine.models.loader import default_model_path\n"
               + build +
-              "print(*engine.core.runner.model.worker_pids, flush=True)\n"
+              "print(*engine.runner.model.worker_pids, flush=True)\n"
               "sys.stdin.readline()\n"
               "greedy = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)\n"
               "print(json.dumps(engine.generate([[1, 2, 3]], greedy)), flush=True)\n"

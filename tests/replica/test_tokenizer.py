@@ -14,7 +14,6 @@ from tokenizers import decoders, models, pre_tokenizers, processors
 
 from replica.engine.chat_template import ChatTemplate, ChatTemplateError
 from replica.engine.models.gguf_reader import GGUFReader
-from replica.engine.models.loader import default_model_path
 from replica.engine.tokenizer import Tokenizer
 
 SYSTEM_DEFAULT = "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
@@ -36,14 +35,6 @@ TEXTS = [
 # "a  1" ends in the piece "  " (one token); transformers' GGUF tokenizer uses GPT-2's regex only
 # and splits it " " + " 1" (two tokens) -- it disagrees with llama.cpp and SmolLM2's tokenizer.json
 WHITESPACE_BEFORE_DIGITS = ["a  1", "x\n\n1", "  12", "ok \t 42", "line\n  7 items"]
-
-
-@pytest.fixture(scope="module")
-def model_path() -> str:
-    try:
-        return default_model_path()
-    except FileNotFoundError as e:
-        pytest.skip(str(e))
 
 
 @pytest.fixture(scope="module")

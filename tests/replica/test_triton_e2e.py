@@ -104,12 +104,21 @@ def replica(tmp_path_factory):
             process.kill()
 
 
-def _inputs(text: str | None, max_tokens: int, *, raw_params: str | None = None) -> list[InferInput]:
+def _inputs(text: str | None, max_tokens: int, *, raw_params: str | None = None,
+            input_ids: list[int] | None = None, prepend_prompt: bool = False) -> list[InferInput]:
     inputs = []
     if text is not None:
         t = InferInput("text_input", [1], "BYTES")
         t.set_data_from_numpy(np.array([text.encode()], dtype=np.object_))
         inputs.append(t)
+    if input_ids is not None:
+        ids = InferInput("input_ids", [len(input_ids)], "INT64")
+        ids.set_data_from_numpy(np.array(input_ids, dtype=np.int64))
+        inputs.append(ids)
+    if prepend_prompt:
+        exclude = InferInput("exclude_input_in_output", [1], "BOOL")
+        exclude.set_data_from_numpy(np.array([False]))
+        inputs.append(exclude)
     params = raw_params if raw_params is not None else json.dumps(
         {"max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}
     )
@@ -124,14 +133,14 @@ async def _one(inputs):
 
 
 async def generate(client, text: str | None, max_tokens: int = 16, *, raw_params: str | None = None,
-                   on_response=None) -> Generation:
+                   on_response=None, **inputs) -> Generation:
     """One request on its own gRPC stream; returns what came back (error instead of raising).
 
     Reads until the server ends the stream: cancelling right after the final response sometimes
     left Triton 2.51 unable to unload the model at shutdown (measured)."""
     result = Generation()
     try:
-        async for response, error in client.stream_infer(_one(_inputs(text, max_tokens, raw_params=raw_params))):
+        async for response, error in client.stream_infer(_one(_inputs(text, max_tokens, raw_params=raw_params, **inputs))):
             if error is not None:
                 result.error = str(error)
                 continue
@@ -155,13 +164,14 @@ def scrape(metrics_url: str) -> dict[str, float]:
     return {m.group(1): float(m.group(2)) for m in re.finditer(r"^replica_(\w+)\{[^}]*\} (\S+)$", text, re.M)}
 
 
-async def wait_for_metrics(metrics_url: str, predicate, timeout_s: float = 30.0) -> dict[str, float]:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        values = await asyncio.to_thread(scrape, metrics_url)
-        if predicate(values) or time.monotonic() > deadline:
-            return values
-        await asyncio.sleep(0.1)
+async def wait_for_metrics(metrics_url: str, predicate, what: str,
+                           timeout_s: float = 30.0) -> dict[str, float]:
+    """The replica's metrics once `predicate` holds on them (a named poll: fails naming `what`)."""
+    async def values() -> dict[str, float] | None:
+        scraped = await asyncio.to_thread(scrape, metrics_url)
+        return scraped if predicate(scraped) else None
+
+    return await async_wait_until(values, timeout_s, what, period_s=0.1)
 
 
 @pytest.mark.asyncio
@@ -177,7 +187,7 @@ async def test_concurrent_streams_interleave_and_match_solo(replica):
     async def sample_running():
         while not stop.is_set():
             peak["running"] = max(peak["running"], (await asyncio.to_thread(scrape, replica.metrics_url))["running_seqs"])
-            await asyncio.sleep(0.05)
+            await asyncio.sleep(0.05)  # a sampler of the peak while the streams run, not a wait
 
     sampler = asyncio.create_task(sample_running())
     together = await asyncio.gather(*(generate(client, prompt, max_tokens) for prompt in PROMPTS))
@@ -210,12 +220,12 @@ async def test_cancelled_stream_frees_its_blocks(replica):
     during = await wait_for_metrics(
         replica.metrics_url,
         lambda m: m["kv_free_blocks"] < m["kv_total_blocks"] or m["running_seqs"] >= 1,
-        timeout_s=10.0)
+        "the live sequence in the replica's gauges", timeout_s=10.0)
     stream.cancel()
     after = await wait_for_metrics(
         replica.metrics_url,
         lambda m: m["running_seqs"] == 0 and m["waiting_seqs"] == 0 and m["kv_free_blocks"] == m["kv_total_blocks"],
-    )
+        "the cancelled sequence's blocks freed")
     await client.close()
     assert during["kv_free_blocks"] < during["kv_total_blocks"] or during["running_seqs"] >= 1
     assert after["running_seqs"] == 0 and after["waiting_seqs"] == 0
@@ -239,6 +249,24 @@ async def test_invalid_requests_get_clear_errors_while_others_continue(replica):
     for result, needle in zip(invalid, ["top_p", "not valid JSON", "unknown sampling parameters", "text_input is required"]):
         assert result.error is not None and "invalid request:" in result.error and needle in result.error, result
     assert ok.error is None and ok.finish_reason == "length" and ok.num_output_tokens == 16
+
+
+@pytest.mark.asyncio
+async def test_prompt_token_ids_get_the_engine_s_one_check(replica):
+    """input_ids are checked once, by the engine (LLMEngine.check_prompt), before anything
+    decodes them (a prompt echoed back is decoded first)."""
+    client = grpc_aio.InferenceServerClient(replica.grpc_url)
+    results = await asyncio.gather(
+        generate(client, None, 4, input_ids=[]),
+        generate(client, None, 4, input_ids=[1, 10**9]),
+        generate(client, None, 4, input_ids=[-1], prepend_prompt=True),
+    )
+    fine = await generate(client, None, 4, input_ids=[1, 2, 3], prepend_prompt=True)
+    await client.close()
+    for result, needle in zip(results, ["the prompt is empty", "prompt token ids must lie in",
+                                        "prompt token ids must lie in"]):
+        assert result.error is not None and "invalid request:" in result.error and needle in result.error, result
+    assert fine.error is None and fine.num_output_tokens == 4
 
 
 @pytest.mark.asyncio

@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import signal
 import threading
-import time
 from dataclasses import dataclass, field
 
 import httpx
@@ -20,6 +19,7 @@ from fleet.dispatch import CeleryDispatcher
 from models_registry.models import Replica
 from fleet.nodes import detect_lost_nodes
 from tests.support.processes import Proc, start
+from tests.support.waiting import wait_until
 
 CHAT_BODY = {"model": "chat-small", "messages": [{"role": "user", "content": "Count to five."}],
              "max_tokens": 12, "stream": True}
@@ -79,17 +79,17 @@ class Control:
         """Tick until `check()` holds (a guard against hangs, not a performance threshold).
         With tick=False it only waits: e.g. for every node to register before the autoscaler
         may place anything (a tick while only some are up places on whichever came first)."""
-        end = time.monotonic() + deadline_s
-        while time.monotonic() < end:
+        def done() -> bool:
             if tick:
                 self.tick()
             if check():
-                return
+                return True
             for agent in agents:
                 if agent.popen.poll() is not None:
                     raise RuntimeError(f"{agent.name} exited:\n{agent.log_tail()}")
-            time.sleep(period_s)
-        raise AssertionError(f"no {what} after {deadline_s} s")
+            return False
+
+        wait_until(done, deadline_s, what, period_s=period_s)
 
 
 def start_agents(layout: dict[str, str], env: dict[str, str], log_dir, *, cpu_slots: int = 1,

@@ -1,7 +1,11 @@
 """A real HTTPS file server for tests: a private CA made with `cryptography`, a server
 certificate for one IP address (127.0.0.1 by default) signed by it, and python's http.server over TLS serving one directory
 from a thread. `ca_file` is what a client must trust; `requests` lists the GETs served as (client address,
-path)."""
+path).
+
+`hold` (a threading.Event) makes every download trickle: the server sends the headers and the
+first `HELD_AFTER` bytes, then waits for `hold` to be set before sending the rest (a slow
+download that a test ends when it chooses); `trickling` is set once a download is held."""
 from __future__ import annotations
 
 import datetime as dt
@@ -59,16 +63,31 @@ def make_certificates(directory: Path, host: str = "127.0.0.1") -> tuple[Path, P
     return paths
 
 
+HELD_AFTER = 64 << 10
+HOLD_LIMIT_S = 120  # a guard: a held download ends anyway after this long
+
+
 class HttpsFiles:
-    def __init__(self, root: Path, cert_dir: Path, host: str = "127.0.0.1"):
+    def __init__(self, root: Path, cert_dir: Path, host: str = "127.0.0.1",
+                 hold: threading.Event | None = None):
         self.ca_file, cert, key = make_certificates(cert_dir, host)
         self.requests: list[tuple[str, str]] = []
+        self.trickling = threading.Event()
         files = self
 
         class Handler(SimpleHTTPRequestHandler):
             def do_GET(self):  # noqa: N802 - http.server's name
                 files.requests.append((self.client_address[0], self.path))
                 super().do_GET()
+
+            def copyfile(self, source, outputfile):
+                if hold is None:
+                    return super().copyfile(source, outputfile)
+                outputfile.write(source.read(HELD_AFTER))
+                outputfile.flush()
+                files.trickling.set()
+                hold.wait(HOLD_LIMIT_S)
+                return super().copyfile(source, outputfile)
 
         self._server = ThreadingHTTPServer((host, 0), partial(Handler, directory=str(root)))
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)

@@ -5,7 +5,6 @@ import os
 import socket
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -13,6 +12,7 @@ import httpx
 
 from scripts.children import spawn, stop_group
 from scripts.services import free_port  # noqa: F401 - re-exported for the tests
+from tests.support.waiting import wait_until as poll_until
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -47,18 +47,19 @@ def start(name: str, args: list[str], env: dict[str, str], log_dir: Path) -> Pro
 def wait_until(check, proc: Proc, deadline_s: float, what: str) -> None:
     """Poll `check()` until true; fail with the process log if it dies or the deadline passes
     (a guard against hangs, not a performance threshold)."""
-    end = time.monotonic() + deadline_s
-    while time.monotonic() < end:
+    def done():
         if proc.popen.poll() is not None:
             raise RuntimeError(f"{proc.name} exited ({proc.popen.returncode}) before {what}:\n"
                                + proc.log_tail())
         try:
-            if check():
-                return
+            return check()
         except (OSError, httpx.HTTPError):
-            pass
-        time.sleep(0.2)
-    raise RuntimeError(f"{proc.name}: no {what} after {deadline_s} s:\n" + proc.log_tail())
+            return False
+
+    try:
+        poll_until(done, deadline_s, what, period_s=0.2)
+    except AssertionError as exc:
+        raise RuntimeError(f"{proc.name}: {exc}:\n" + proc.log_tail()) from None
 
 
 def port_open(port: int) -> bool:

@@ -81,7 +81,7 @@ class TcpProxy:
                 selector.register(sock, selectors.EVENT_READ)
             while not self._stop.is_set():
                 if self._frozen.is_set():  # hold every byte, in both directions
-                    time.sleep(0.05)
+                    time.sleep(0.05)  # the fake's behaviour: a frozen link
                     continue
                 for key, _ in selector.select(timeout=0.1):
                     data = key.fileobj.recv(65536)

@@ -14,9 +14,6 @@ class PrefixCache:
         self._block_by_hash: dict[int, int] = {}
         self._entry_by_block: dict[int, tuple[int, tuple[int, ...]]] = {}  # block -> (hash, tokens)
 
-    def __len__(self) -> int:
-        return len(self._block_by_hash)
-
     def match(self, block_hash: int, token_ids: Sequence[int]) -> int | None:
         block_id = self._block_by_hash.get(block_hash)
         if block_id is None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -148,17 +148,20 @@ def hf_name(gguf_name: str) -> str:
     return f"model.layers.{layer}.{_LAYER_NAMES[part]}.{kind}"
 
 
-def gguf_state_dict(reader: GGUFReader, config: ModelConfig) -> dict[str, torch.Tensor]:
-    """Every weight, float32, under HF names and in HF's row order."""
+def gguf_state_dict(reader: GGUFReader, config: ModelConfig,
+                    slicer: Callable[[str], tuple[int, int, int] | None] | None = None) -> dict[str, torch.Tensor]:
+    """Every weight, float32, under HF names and in HF's row order. With `slicer`, only the
+    (axis, start, stop) part of the weights it names is read and dequantised (`reader.load_part`).
+    llama.cpp's q/k row permutation stays inside each head, so a run of whole heads is the same
+    rows in either order."""
     state_dict: dict[str, torch.Tensor] = {}
     for gguf_name in reader.tensor_infos:
         if gguf_name == _ROPE_FREQS:
             continue
         name = hf_name(gguf_name)
-        values = reader.load(gguf_name)
-        if ".q_proj." in name:
-            values = unpermute_rotary_rows(values, config.num_heads)
-        elif ".k_proj." in name:
-            values = unpermute_rotary_rows(values, config.num_kv_heads)
+        part = slicer(name) if slicer else None
+        values = reader.load(gguf_name) if part is None else reader.load_part(gguf_name, *part)
+        if ".q_proj." in name or ".k_proj." in name:
+            values = unpermute_rotary_rows(values, values.shape[0] // config.head_dim)
         state_dict[name] = torch.from_numpy(values)
     return state_dict

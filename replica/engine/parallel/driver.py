@@ -13,9 +13,6 @@ closing, marks the model broken and calls the failure callbacks (the Triton mode
 engine loop through one: docs/engine-faults.md). A step that fails on rank 0 after the broadcast
 leaves the workers inside a collective, so it breaks the model too. A broken model refuses every
 later step at once.
-
-Step interruption (the model asked between layers whether to stop) is off here: rank 0 stopping
-between layers would leave the workers in the next layer's all-reduce.
 """
 from __future__ import annotations
 
@@ -67,8 +64,7 @@ class TensorParallelModel(nn.Module):
         for rank, worker in enumerate(workers, start=1):
             threading.Thread(target=self._watch, args=(rank, worker), name=f"tp-watch-{rank}", daemon=True).start()
 
-    def forward(self, input_ids, positions, kv_pools, meta, logits_idx, interrupt=None) -> torch.Tensor:
-        del interrupt  # not between layers here (module docstring)
+    def forward(self, input_ids, positions, kv_pools, meta, logits_idx) -> torch.Tensor:
         if self._broken is not None:
             raise TensorParallelError(self._broken)
         self._group.send_step(StepInput(input_ids, positions, meta).to_bytes())

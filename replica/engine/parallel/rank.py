@@ -1,7 +1,7 @@
 """What every rank does alike: build its shard of the model, and ship a step's model input.
 
 `RankSpec` is what rank 0 tells a worker (one JSON argument); `build_rank_model` builds a rank's
-shard from the full checkpoint; `StepInput` is one step's model input as rank 0 broadcasts it
+shard from the weights it read (`load_checkpoint(path, shard=rank_weights(N, r))`: its slices only); `StepInput` is one step's model input as rank 0 broadcasts it
 (token ids, positions and the attention metadata: slot mapping, block tables, context lengths,
 prefill chunks), every tensor moved to the CPU for the trip and to the rank's device after.
 On the wire: a JSON header (the structure; a tensor as dtype, shape and where its bytes lie) and
@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from replica.engine.config import ModelConfig
-from replica.engine.parallel.sharding import plan_shards, shard_config, shard_state_dict
+from replica.engine.parallel.sharding import plan_shards, shard_config
 from replica.engine.runner.attention import AttentionMetadata, PrefillSeq
 
 _WIRE_TYPES = {cls.__name__: cls for cls in (AttentionMetadata, PrefillSeq)}
@@ -50,12 +50,13 @@ class RankSpec:
 
 
 def build_rank_model(config: ModelConfig, state_dict: dict[str, torch.Tensor], spec: RankSpec):
-    """This rank's LlamaForCausalLM: its heads and MLP columns, in the engine dtype, quantised as
-    asked (after sharding: int8 scales are per output channel of the shard)."""
+    """This rank's LlamaForCausalLM from `state_dict`, its shard's weights (as loaded with
+    `rank_weights`): its heads and MLP columns, in the engine dtype, quantised as asked (after
+    sharding: int8 scales are per output channel of the shard). `config` is the whole model's."""
     from replica.engine.llm_engine import build_model
 
     shard = plan_shards(config, spec.world_size)[spec.rank]
-    return build_model(shard_config(config, shard), shard_state_dict(state_dict, config, shard), spec.dtype,
+    return build_model(shard_config(config, shard), state_dict, spec.dtype,
                        str(spec.torch_device()), quantization=spec.quantization)
 
 

@@ -69,30 +69,42 @@ def shard_config(config: ModelConfig, shard: RankShard) -> ModelConfig:
                                intermediate_size=len(shard.intermediate))
 
 
-def _rows(tensor: torch.Tensor, run: range, width: int) -> torch.Tensor:
-    return tensor[run.start * width : run.stop * width].contiguous()
+def weight_slice(name: str, config: ModelConfig, shard: RankShard) -> tuple[int, int, int] | None:
+    """The part of weight `name` (Hugging Face name and layout) that `shard` holds, as
+    (axis, start, stop); None when every rank holds it whole (embeddings, norms, head)."""
+    hd = config.head_dim
+    if name.endswith("self_attn.q_proj.weight"):
+        return 0, shard.heads.start * hd, shard.heads.stop * hd
+    if name.endswith(("self_attn.k_proj.weight", "self_attn.v_proj.weight")):
+        return 0, shard.kv_heads.start * hd, shard.kv_heads.stop * hd
+    if name.endswith("self_attn.o_proj.weight"):
+        return 1, shard.heads.start * hd, shard.heads.stop * hd
+    if name.endswith(("mlp.gate_proj.weight", "mlp.up_proj.weight")):
+        return 0, shard.intermediate.start, shard.intermediate.stop
+    if name.endswith("mlp.down_proj.weight"):
+        return 1, shard.intermediate.start, shard.intermediate.stop
+    return None
 
 
-def _cols(tensor: torch.Tensor, run: range, width: int) -> torch.Tensor:
-    return tensor[:, run.start * width : run.stop * width].contiguous()
+def rank_weights(world_size: int, rank: int):
+    """What `load_checkpoint(path, shard=...)` takes: given the model's config, the config the
+    loaded weights must match (this rank's) and the slice of each weight to read."""
+    def select(config: ModelConfig):
+        shard = plan_shards(config, world_size)[rank]
+        return shard_config(config, shard), lambda name: weight_slice(name, config, shard)
+    return select
 
 
 def shard_state_dict(state_dict: dict[str, torch.Tensor], config: ModelConfig,
                      shard: RankShard) -> dict[str, torch.Tensor]:
-    """The weights of one rank's model (Hugging Face names and layout, before fusing)."""
-    hd = config.head_dim
+    """The weights of one rank's model (Hugging Face names and layout, before fusing), cut out of
+    the whole model's (what a rank reads of the checkpoint is the same: `rank_weights`)."""
     out: dict[str, torch.Tensor] = {}
     for name, tensor in state_dict.items():
-        if name.endswith("self_attn.q_proj.weight"):
-            out[name] = _rows(tensor, shard.heads, hd)
-        elif name.endswith(("self_attn.k_proj.weight", "self_attn.v_proj.weight")):
-            out[name] = _rows(tensor, shard.kv_heads, hd)
-        elif name.endswith("self_attn.o_proj.weight"):
-            out[name] = _cols(tensor, shard.heads, hd)
-        elif name.endswith(("mlp.gate_proj.weight", "mlp.up_proj.weight")):
-            out[name] = _rows(tensor, shard.intermediate, 1)
-        elif name.endswith("mlp.down_proj.weight"):
-            out[name] = _cols(tensor, shard.intermediate, 1)
-        else:  # embeddings, norms, head: whole on every rank
+        part = weight_slice(name, config, shard)
+        if part is None:
             out[name] = tensor
+        else:
+            axis, start, stop = part
+            out[name] = tensor.narrow(axis, start, stop - start).contiguous()
     return out

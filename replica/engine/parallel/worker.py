@@ -22,6 +22,7 @@ import torch
 
 from replica.engine.parallel.group import TensorParallelGroup, install_all_reduce, open_store
 from replica.engine.parallel.rank import RankSpec, StepInput, build_rank_model
+from replica.engine.parallel.sharding import rank_weights
 
 _log = logging.getLogger("replica.tensor_parallel")
 _PR_SET_PDEATHSIG = 1
@@ -50,7 +51,7 @@ def serve(spec: RankSpec) -> None:
     if device.type == "cuda":
         torch.cuda.set_device(device)
     store = open_store(spec.world_size, spec.store_port)
-    checkpoint = load_checkpoint(spec.model_path)
+    checkpoint = load_checkpoint(spec.model_path, shard=rank_weights(spec.world_size, spec.rank))
     model = build_rank_model(checkpoint.config, checkpoint.state_dict, spec)
     del checkpoint
     dtype = next(model.parameters()).dtype

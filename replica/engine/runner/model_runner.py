@@ -1,21 +1,43 @@
-"""Turns a SchedulerOutput into model inputs, runs the model, samples.
+"""Turns a SchedulerOutput into a ModelInput, runs the model, samples: a RunnerOutput.
 
 Owns the KV pool tensors: per layer one K and one V tensor of
 `[num_blocks, block_size, num_kv_heads, head_dim]`, allocated once from the memory budget.
+The runner knows nothing of scheduling policy: it runs the step it is given, whole.
 """
 from __future__ import annotations
 
-from typing import Callable
+from dataclasses import dataclass, field
 
 import torch
 
 from replica.engine.config import ModelConfig
 from replica.engine.models.llama import LlamaForCausalLM
+from replica.engine.request import Request
 from replica.engine.runner import native
 from replica.engine.runner.attention import AttentionMetadata, PrefillSeq
 from replica.engine.runner.hugepages import huge_zeros
 from replica.engine.runner.sampler import SampleError, Sampler
 from replica.engine.scheduler import SchedulerOutput
+
+
+@dataclass
+class ModelInput:
+    """One step's tensors for the model's forward, built from a SchedulerOutput."""
+
+    input_ids: torch.Tensor  # [T] long: the step's tokens, flat over its sequences
+    positions: torch.Tensor  # [T] long
+    attention: AttentionMetadata
+    logits_idx: torch.Tensor  # [S] long: flat index of the tokens whose next token is sampled
+    sampled_requests: list[Request]  # [S]: the requests those tokens belong to
+
+
+@dataclass
+class RunnerOutput:
+    """What one step produced, per request that reached the end of its known tokens."""
+
+    sampled: dict[str, int] = field(default_factory=dict)  # request id -> its new token
+    # request id -> why its row could not be sampled (the model's fault): it fails alone
+    failed: dict[str, str] = field(default_factory=dict)
 
 
 def kv_bytes_per_block(config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
@@ -44,7 +66,7 @@ class ModelRunner:
         use_native = device.type == "cpu" and native.NativeAttention.supports(dtype)
         self.native_attention = native.load() if use_native else None
 
-    def _prepare(self, out: SchedulerOutput):
+    def _prepare(self, out: SchedulerOutput) -> ModelInput:
         bs = self.block_size
         input_ids: list[int] = []
         positions: list[int] = []
@@ -109,29 +131,32 @@ class ModelRunner:
             if self.native_attention is None:
                 cols = torch.arange(max_blocks * bs, device=dev)
                 meta.decode_mask = (cols.unsqueeze(0) < lens.unsqueeze(1)).view(len(decode_idx), 1, 1, -1)
-        return (
-            torch.tensor(input_ids, dtype=torch.long, device=dev),
-            torch.tensor(positions, dtype=torch.long, device=dev),
-            meta,
-            torch.tensor(logits_idx, dtype=torch.long, device=dev),
-            sampled_requests,
+        return ModelInput(
+            input_ids=torch.tensor(input_ids, dtype=torch.long, device=dev),
+            positions=torch.tensor(positions, dtype=torch.long, device=dev),
+            attention=meta,
+            logits_idx=torch.tensor(logits_idx, dtype=torch.long, device=dev),
+            sampled_requests=sampled_requests,
         )
 
     @torch.inference_mode()
-    def execute(self, out: SchedulerOutput, seeds: dict[str, int],  # the requests that set a seed
-                interrupt: Callable[[], bool] | None = None) -> dict[str, int | SampleError]:
-        """Run one step; return the sampled token per request that reached its frontier (a
-        SampleError for a request whose row could not be sampled: it fails alone).
-        Raises StepInterrupted when `interrupt` (asked between layers) says stop."""
-        input_ids, positions, meta, logits_idx, sampled_requests = self._prepare(out)
-        if not sampled_requests:
-            self.model(input_ids, positions, self.kv_pools, meta, logits_idx, interrupt)
-            return {}
-        logits = self.model(input_ids, positions, self.kv_pools, meta, logits_idx, interrupt).cpu()
+    def execute(self, out: SchedulerOutput, seeds: dict[str, int]) -> RunnerOutput:  # seeds: requests that set one
+        """Run one step; sample a token for every request that reached its frontier."""
+        step = self._prepare(out)
+        logits = self.model(step.input_ids, step.positions, self.kv_pools, step.attention, step.logits_idx)
+        result = RunnerOutput()
+        if not step.sampled_requests:
+            return result
+        requests = step.sampled_requests
         tokens = self.sampler.sample(
-            logits,
-            [r.sampling_params for r in sampled_requests],
-            [seeds.get(r.request_id) for r in sampled_requests],  # only requests that set a seed have one
-            [r.num_output_tokens for r in sampled_requests],
+            logits.cpu(),
+            [r.sampling_params for r in requests],
+            [seeds.get(r.request_id) for r in requests],  # only requests that set a seed have one
+            [r.num_output_tokens for r in requests],
         )
-        return {r.request_id: t for r, t in zip(sampled_requests, tokens)}
+        for request, token in zip(requests, tokens):
+            if isinstance(token, SampleError):
+                result.failed[request.request_id] = token.message
+            else:
+                result.sampled[request.request_id] = token
+        return result

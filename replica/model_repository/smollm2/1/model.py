@@ -63,7 +63,6 @@ class TritonPythonModel:
                   engine_config.quantization)
         self._engine = LLMEngine.from_config(engine_config)
         self._tokenizer = self._engine.tokenizer
-        self._vocab_size = _vocab_size(self._engine)
         self._streams: dict[str, ResponseStream] = {}
         self._streams_lock = threading.Lock()
         info = {"dtype": dtype_name(self._engine.dtype), "quantization": engine_config.quantization}
@@ -142,13 +141,15 @@ class TritonPythonModel:
         for name in INPUT_NAMES:
             tensor = pb_utils.get_input_tensor_by_name(request, name)
             inputs[name] = None if tensor is None else tensor.as_numpy()
-        generate = GenerateRequest.from_inputs(inputs, vocab_size=self._vocab_size)
+        generate = GenerateRequest.from_inputs(inputs)
         if generate.prompt_token_ids is not None:
             prompt_token_ids = list(generate.prompt_token_ids)
         else:
             prompt_token_ids = self._tokenizer.encode(generate.text)
         prefix = ""
         if generate.prepend_prompt:
+            if not generate.text:  # ids the engine refuses (the loop's submit below) never reach the decoder
+                self._engine.check_prompt(prompt_token_ids)
             prefix = generate.text or self._tokenizer.decode(prompt_token_ids)
         # Triton's request id (the platform sends its own request id) names the request in this
         # replica's logs; a missing, overlong or already known one gets a fresh id.
@@ -264,11 +265,3 @@ def _send_error(sender, message: str, code) -> None:
         pb_utils.InferenceResponse(output_tensors=[], error=error),
         flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL,
     )
-
-
-def _vocab_size(engine) -> int | None:
-    for owner in (getattr(engine, "model_config", None), engine.tokenizer):
-        size = getattr(owner, "vocab_size", None)
-        if isinstance(size, int):
-            return size
-    return None
