@@ -16,18 +16,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 from contextlib import aclosing
+
+import orjson
 
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 
 from inference.container import current_container
+from inference.endpoints import GENERATE
 from inference.errors import ApiError, Conflict, InvalidRequest, Unauthorized
 from inference.faults import as_api_error, preparing
-from inference.formats.native import NativeFormat
-from inference.pipeline import authenticate_header, decode_body, prepare_for_key
-from inference.relay import open_events, request_deadline
+from inference.pipeline import decode_body
+from inference.relay import open_frames, request_deadline
 from llm_platform.db_watchdog import query_timeout
 
 # Close codes: the server failed (RFC 6455 1011); no authenticated request in time.
@@ -86,7 +87,7 @@ class StreamConsumer(AsyncWebsocketConsumer):
         payload = {"type": "error", **exc.body(), "status": exc.status}
         if "Retry-After" in exc.headers:
             payload["retry_after"] = int(exc.headers["Retry-After"])
-        await self.send(json.dumps(payload))
+        await self.send(orjson.dumps(payload).decode())
 
     async def _run(self, raw: bytes) -> None:
         with query_timeout(settings.DB_QUERY_TIMEOUT_SECONDS):  # no read timeout of its own
@@ -110,25 +111,27 @@ class StreamConsumer(AsyncWebsocketConsumer):
             container = current_container()
             deadline = request_deadline()
             async with preparing(deadline):  # 503 in seconds if PostgreSQL or Redis hangs
-                principal = await authenticate_header(container, authorization)
+                principal = await container.preparation.authenticate(authorization)
                 self.authenticated = True
-                outcome = await prepare_for_key(  # one key-rate count with the HTTP routes
-                    container, "generate", principal, body,
+                # One key-rate count with the HTTP routes.
+                outcome = await container.preparation.prepare_for_key(
+                    GENERATE, principal, body,
                     idempotency_key if isinstance(idempotency_key, str) else None,
                     conversation_id if isinstance(conversation_id, str) else None)
-            fmt = NativeFormat()
-            events = await open_events(container, outcome, fmt, deadline)
+            frames = await open_frames(container.generation, outcome,
+                                       GENERATE.response_format, deadline)
             failed = False
-            async with aclosing(events):
-                async for event in events:
-                    payload = {"type": event.name, **event.data}
-                    if event.name == "error":
-                        failed = True
-                        code = event.data.get("error", {}).get("code")
-                        payload["status"] = 504 if code == "deadline_exceeded" else 503
-                    if event.name in {"done", "error"}:
-                        self.streaming = False
-                    await self.send(json.dumps(payload, ensure_ascii=False))
+            async with aclosing(frames):
+                async for frame_set in frames:  # tokens that arrived together: one message
+                    for event in frame_set:
+                        payload = {"type": event.name, **event.data}
+                        if event.name == "error":
+                            failed = True
+                            code = event.data.get("error", {}).get("code")
+                            payload["status"] = 504 if code == "deadline_exceeded" else 503
+                        if event.name in {"done", "error"}:
+                            self.streaming = False
+                        await self.send(orjson.dumps(payload).decode())
             if failed:
                 await self.close(code=CLOSE_SERVER_ERROR)
         except asyncio.CancelledError:

@@ -1,4 +1,12 @@
-"""The request path's collaborators, built once per event loop and injected into services.
+"""Where the request path is wired: its steps and what each one uses, built once per event loop.
+
+`build_container` makes the shared resources (one Redis client, the replica client, the
+router, the caches) and hands each step exactly the collaborators it uses, as constructor
+arguments: `Preparation` (inference/pipeline.py: authenticate, parse, version, quota,
+idempotency) and `Generation` (inference/generation.py: admit, route and stream, finish).
+Views and the WebSocket consumer take the steps from here; nothing below asks the container
+for anything. The container also owns the resources' lifetime (`close`) and lends a few of
+them to the /metrics view and to tests.
 
 Redis asyncio clients and gRPC channels belong to the loop that created them, so the
 container is per loop; the tokenizer cache is per process. Both hang off the inference
@@ -10,16 +18,18 @@ from __future__ import annotations
 import random
 import time
 from dataclasses import dataclass
-from typing import Callable
 
 import redis.asyncio as aioredis
 from django.apps import apps
 from django.conf import settings
 
 from inference.admission import ADMISSION_POLICIES, AdmissionQueue
-from inference.canary import RolloutCatalog
+from inference.canary import RolloutCatalog, VersionChooser
+from inference.generation import Generation
 from inference.hooks import rollout_source
 from inference.idempotency import IdempotencyStore
+from inference.pipeline import Preparation
+from inference.prompts import PromptEncoder
 from inference.replica_client import ReplicaClient
 from inference.circuit import CircuitBreaker
 from inference.prefix_index import PrefixIndex
@@ -44,20 +54,16 @@ from tenants.selectors import LimitsCache
 
 @dataclass
 class Container:
+    preparation: Preparation  # everything before admission
+    generation: Generation  # admit, route and stream, finish
+    # Shared resources: closed with the container; lent to /metrics and tests.
     redis: aioredis.Redis
     key_prefix: str
-    clock: Callable[[], float]
-    tokenizers: TokenizerCache
-    replica_client: ReplicaClient
     router: Router
-    catalog: ServingCatalog
-    idempotency: IdempotencyStore
-    limits: LimitsCache
-    buckets: TokenBuckets
     admission: AdmissionQueue
+    buckets: TokenBuckets
+    replica_client: ReplicaClient
     signal_poller: SignalPoller
-    rollouts: RolloutCatalog  # canary rollouts: which version serves a request
-    fallbacks: FallbackRecorder  # canary requests that stable served instead
     process: ProcessLease  # this process is alive (pending Idempotency-Keys name it)
     auth: KeyAuthenticator  # API keys, cached in this process (revocations published)
 
@@ -90,42 +96,50 @@ def build_container(tokenizers: TokenizerCache) -> Container:
     )
     process = ProcessLease(redis, prefix, settings.API_PROCESS_LEASE_TTL_SECONDS,
                            settings.API_PROCESS_LEASE_TTL_SECONDS / 4)
-    return Container(
-        redis=redis,
-        key_prefix=prefix,
-        clock=clock,
-        tokenizers=tokenizers,
-        replica_client=TritonReplicaClient(
-            first_token_timeout=settings.TRITON_FIRST_TOKEN_TIMEOUT_SECONDS,
-            token_timeout=settings.TRITON_TOKEN_TIMEOUT_SECONDS,
-            access_token=settings.REPLICA_ACCESS_TOKEN,
-        ),
-        router=Router(
-            ReplicaDirectory(clock, settings.REGISTRY_CACHE_TTL_SECONDS),
-            OutstandingTokens(redis, prefix, time.time, ttl_s=settings.ADMISSION_SLOT_TTL_SECONDS),
-            random.Random(),
-            routing,
-            poller,
-        ),
-        catalog=ServingCatalog(clock, settings.REGISTRY_CACHE_TTL_SECONDS),
-        idempotency=IdempotencyStore(
-            redis, prefix, settings.IDEMPOTENCY_TTL_SECONDS,
-            settings.IDEMPOTENCY_PENDING_TTL_SECONDS, process=process,
-        ),
-        limits=LimitsCache(redis, prefix, settings.QUOTA_LIMITS_CACHE_SECONDS),
-        # Wall-clock time: bucket timestamps are compared across processes.
-        buckets=TokenBuckets(redis, prefix, time.time),
-        admission=AdmissionQueue(redis, prefix, time.time,
-                                 ADMISSION_POLICIES[settings.ADMISSION_POLICY](),
-                                 max_queue=settings.ADMISSION_MAX_QUEUE,
-                                 slot_ttl_s=settings.ADMISSION_SLOT_TTL_SECONDS),
-        signal_poller=poller,
-        rollouts=RolloutCatalog(clock, settings.REGISTRY_CACHE_TTL_SECONDS, rollout_source),
+    replica_client = TritonReplicaClient(
+        first_token_timeout=settings.TRITON_FIRST_TOKEN_TIMEOUT_SECONDS,
+        token_timeout=settings.TRITON_TOKEN_TIMEOUT_SECONDS,
+        access_token=settings.REPLICA_ACCESS_TOKEN,
+    )
+    router = Router(
+        ReplicaDirectory(clock, settings.REGISTRY_CACHE_TTL_SECONDS),
+        OutstandingTokens(redis, prefix, time.time, ttl_s=settings.ADMISSION_SLOT_TTL_SECONDS),
+        random.Random(),
+        routing,
+        poller,
+    )
+    idempotency = IdempotencyStore(redis, prefix, settings.IDEMPOTENCY_TTL_SECONDS,
+                                   settings.IDEMPOTENCY_PENDING_TTL_SECONDS, process=process)
+    # Wall-clock time: bucket timestamps are compared across processes.
+    buckets = TokenBuckets(redis, prefix, time.time)
+    admission = AdmissionQueue(redis, prefix, time.time,
+                               ADMISSION_POLICIES[settings.ADMISSION_POLICY](),
+                               max_queue=settings.ADMISSION_MAX_QUEUE,
+                               slot_ttl_s=settings.ADMISSION_SLOT_TTL_SECONDS)
+    versions = VersionChooser(
+        RolloutCatalog(clock, settings.REGISTRY_CACHE_TTL_SECONDS, rollout_source),
         # Wall-clock minutes: the evaluator reads them in another process.
-        fallbacks=FallbackRecorder(redis, prefix, time.time),
-        process=process,
-        auth=KeyAuthenticator(redis, prefix, settings.API_KEY_CACHE_SECONDS,
-                              settings.API_KEY_NEGATIVE_CACHE_SECONDS),
+        FallbackRecorder(redis, prefix, time.time),
+        router.num_ready,
+        PromptEncoder(tokenizers),
+    )
+    auth = KeyAuthenticator(redis, prefix, settings.API_KEY_CACHE_SECONDS,
+                            settings.API_KEY_NEGATIVE_CACHE_SECONDS)
+    preparation = Preparation(
+        auth=auth, redis=redis, key_prefix=prefix,
+        catalog=ServingCatalog(clock, settings.REGISTRY_CACHE_TTL_SECONDS),
+        versions=versions, idempotency=idempotency,
+        limits=LimitsCache(redis, prefix, settings.QUOTA_LIMITS_CACHE_SECONDS),
+        buckets=buckets,
+    )
+    generation = Generation(
+        admission=admission, router=router, replica_client=replica_client, versions=versions,
+        idempotency=idempotency, buckets=buckets, redis=redis, key_prefix=prefix, clock=clock,
+    )
+    return Container(
+        preparation=preparation, generation=generation, redis=redis, key_prefix=prefix,
+        router=router, admission=admission, buckets=buckets, replica_client=replica_client,
+        signal_poller=poller, process=process, auth=auth,
     )
 
 

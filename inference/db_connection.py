@@ -7,11 +7,26 @@ burst the pool (DB_POOL_MAX_SIZE per process) runs dry and every request, the bu
 tenant's and everyone else's, waits DB_POOL_TIMEOUT_SECONDS for a connection, then fails with
 503 database_unavailable. Closing a pooled connection returns it to the pool; a later query
 borrows one again.
+
+Most requests never open one: the key, the tenant's limits, the serving version and the ready
+replicas all come from caches. `connection_opened` (a `connection_created` receiver) marks the
+request's context when its ORM thread connects (asgiref carries context variables set in a
+sync_to_async thread back to the caller), so `release_db_connection` hops to the ORM thread
+only when there is something to give back: no thread hop per request on the hot path.
 """
 from __future__ import annotations
 
+from contextvars import ContextVar
+
 from asgiref.sync import sync_to_async
 from django.db import connections
+
+_opened: ContextVar[bool] = ContextVar("db_connection_opened", default=False)
+
+
+def connection_opened(sender, connection, **kwargs) -> None:
+    """`connection_created` receiver (inference/apps.py)."""
+    _opened.set(True)
 
 
 def _release() -> None:
@@ -21,5 +36,9 @@ def _release() -> None:
 
 
 async def release_db_connection() -> None:
-    """Runs on the request's ORM thread (thread-sensitive), where its connection lives."""
+    """Runs on the request's ORM thread (thread-sensitive), where its connection lives; a
+    request that opened none since its last release skips the hop."""
+    if not _opened.get():
+        return
+    _opened.set(False)
     await sync_to_async(_release)()

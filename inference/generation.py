@@ -1,6 +1,16 @@
-"""Running one prepared request: route, stream from the replica, retry, account, record.
+"""Running one prepared request: admit -> route and stream (retry, canary fallback) -> finish.
 
-`generate(container, prepared)` is an async iterator of `Delta`s then one `Done`. It raises
+    Generation.generate(prepared):
+        open the usage (lease, pending event)
+        loop: admit (a slot in the model's queue)           -> Admission
+              route and stream (a replica; retry before the first token) -> Delta ...
+              a canary that cannot start it: fall back to stable (VersionChooser.fall_back)
+        finish (release, Idempotency-Key, settle the bucket, usage event)
+
+Each step is a method of `Generation` with the collaborators it was built with (wired once per
+event loop in inference/container.py); `StreamOutcome` is what the stream reports to finish.
+
+`Generation.generate(prepared)` is an async iterator of `Delta`s then one `Done`. It raises
 ApiError subclasses for failures the client must see; a replica failure before the first token
 is retried on another ready replica (at most settings.ROUTER_MAX_ATTEMPTS replicas). Never
 retried: input the replica refused (400), a request that failed alone inside a working replica
@@ -29,24 +39,32 @@ import logging
 import math
 import time
 from contextlib import aclosing
-from dataclasses import asdict, dataclass, field
-from typing import AsyncIterator
+from dataclasses import dataclass, field
+from typing import AsyncIterator, Callable
 
 from django.conf import settings
 
 from billing.leases import UsageLease
 from billing.models import UsageRecord
 from billing.services import UsageEvent, queue_pending_usage, record_usage
-from inference.admission import QueueFull, QueueTimeout, Slot, Waiter
-from inference.container import Container
+from inference.admission import AdmissionQueue, QueueFull, QueueTimeout, Slot, Waiter
+from inference.canary import VersionChooser
 from inference.db_connection import release_db_connection
-from inference.errors import InvalidRequest, ModelFailed, ReplicaDied, ReplicaFailed, ServiceUnavailable
+from inference.errors import (
+    InvalidRequest,
+    ModelFailed,
+    ReplicaDied,
+    ReplicaFailed,
+    ServiceUnavailable,
+)
+from inference.idempotency import IdempotencyStore
 from inference.keepalive import KeepAlive
 from inference.observability.generation_metrics import observe_generation
-from inference.pipeline import Prepared, record_fallback, retarget
+from inference.prefix_index import prompt_block_hashes
 from inference.quota import settle
 from inference.replica_client import (
     ReplicaChunk,
+    ReplicaClient,
     ReplicaDead,
     ReplicaRejected,
     ReplicaRequest,
@@ -54,64 +72,39 @@ from inference.replica_client import (
     ReplicaStreamError,
     ReplicaUnavailable,
 )
+from inference.request import Delta, Done, PreparedRequest, Result
 from inference.request_metering import Attempt, Tokens, computed_tokens, pending_event
-from inference.prefix_index import prompt_block_hashes
-from inference.router import NoReplicaReady, RouteRequest
+from inference.router import NoReplicaReady, RouteRequest, Router
 from models_registry.selectors import can_cold_start
-from inference.fallbacks import FAILED, UNAVAILABLE
+from tenants.buckets import TokenBuckets
 
 logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class Delta:
-    text: str
+class Admission:
+    """The admit step's answer: a slot in the model's queue (None: no replica is ready and none
+    is coming, so routing answers 503) and when it was granted."""
+
+    slot: Slot | None
+    admitted_at: float
 
 
 @dataclass
-class Result:
-    """The reply, in a form every response format renders and the idempotency store keeps."""
+class StreamOutcome:
+    """What routing and streaming saw, filled in as they go; `finish` bills and records it."""
 
-    id: str
-    created: int
-    model: str
-    deltas: list[str]
-    finish_reason: str
-    input_tokens: int
-    output_tokens: int
-    cached_tokens: int = 0
-
-    @property
-    def text(self) -> str:
-        return "".join(self.deltas)
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict) -> "Result":
-        return cls(**data)
-
-
-@dataclass(frozen=True)
-class Done:
-    result: Result
-
-
-@dataclass
-class _Progress:
     started: float
     deltas: list[str] = field(default_factory=list)
     first_token_at: float | None = None
     replica_id: int | None = None
     final: ReplicaChunk | None = None
-    last: ReplicaChunk | None = None
     status: str = UsageRecord.Status.FAILED
     attempts: list[Attempt] = field(default_factory=list)
     admitted_at: float | None = None  # when the (last) admission slot was granted
 
 
-def replica_request(prepared: Prepared) -> ReplicaRequest:
+def replica_request(prepared: PreparedRequest) -> ReplicaRequest:
     sampling = prepared.request.sampling
     return ReplicaRequest(
         request_id=prepared.request_id,
@@ -130,50 +123,6 @@ def replica_request(prepared: Prepared) -> ReplicaRequest:
     )
 
 
-async def _admit(container: Container, prepared: Prepared, also=None) -> Slot | None:
-    """A slot of the model version in its model's admission queue (one per model, shared by
-    its versions); None when no replica is ready (the router then answers 503). Raises 503 when
-    the queue is full or the tier's wait bound passes."""
-    model_version_id = prepared.target.model_version_id
-    num_ready = await container.router.num_ready(model_version_id)
-    # No replica ready, but one is loading or the version scales from zero: wait for it in the
-    # queue (the autoscaler sees the depth and starts one) rather than refuse.
-    cold = num_ready == 0 and await can_cold_start(model_version_id)
-    if num_ready == 0 and not cold:
-        return None
-    limits = prepared.charge.limits
-    max_wait_s = limits.max_queue_wait_ms / 1000.0
-    if cold:
-        max_wait_s = max(max_wait_s, settings.COLD_START_MAX_WAIT_SECONDS)
-    waiter = Waiter(tenant=str(limits.tenant_id), priority=limits.priority,
-                    cost_tokens=prepared.charge.estimated_tokens, max_wait_s=max_wait_s)
-
-    async def capacity() -> tuple[int, int]:
-        n = await container.router.num_ready(model_version_id)
-        await release_db_connection()
-        return (n * settings.ADMISSION_SLOTS_PER_REPLICA,
-                n * settings.ADMISSION_HEADROOM_SLOTS_PER_REPLICA)
-
-    await release_db_connection()  # not held while waiting (prepare and num_ready read it)
-    try:
-        return await container.admission.admit(
-            prepared.target.model_name, model_version_id, waiter,
-            capacity=num_ready * settings.ADMISSION_SLOTS_PER_REPLICA,
-            headroom=num_ready * settings.ADMISSION_HEADROOM_SLOTS_PER_REPLICA,
-            refresh=capacity if cold else None, also=also)
-    except QueueFull:
-        raise ServiceUnavailable(
-            f"'{prepared.target.model_name}' is at capacity and its queue is full; retry later.",
-            code="queue_full",
-            headers={"Retry-After": str(settings.ADMISSION_FULL_RETRY_AFTER_SECONDS)}) from None
-    except QueueTimeout:
-        raise ServiceUnavailable(
-            f"'{prepared.target.model_name}' is at capacity: no slot within your tier's "
-            f"{limits.max_queue_wait_ms} ms wait bound; retry later.", code="queue_timeout",
-            headers={"Retry-After": str(max(1, math.ceil(limits.max_queue_wait_ms / 1000)))},
-        ) from None
-
-
 async def _bounded(step, what: str, request_id: str) -> None:
     """One cleanup step, shielded from cancellation and bounded in time; a failure is logged
     (what it would have released expires by itself)."""
@@ -181,94 +130,6 @@ async def _bounded(step, what: str, request_id: str) -> None:
         await asyncio.wait_for(asyncio.shield(step), settings.CLEANUP_STEP_TIMEOUT_SECONDS)
     except Exception as exc:  # noqa: BLE001 - never fail or hang a request in its cleanup
         logger.warning("%s failed for %s: %r", what, request_id, exc)
-
-
-async def generate(container: Container, prepared: Prepared) -> AsyncIterator[Delta | Done]:
-    clock = container.clock
-    progress = _Progress(started=clock())
-    result: Result | None = None
-    slot: Slot | None = None
-    current = prepared  # becomes the stable version if a canary cannot serve the request
-    keepalive = KeepAlive(settings.REQUEST_KEEPALIVE_SECONDS,
-                          settings.CLEANUP_STEP_TIMEOUT_SECONDS,
-                          max_s=settings.REQUEST_DEADLINE_SECONDS + 60)
-    if prepared.claim is not None:
-        claim = prepared.claim
-        keepalive.hold("idempotency", lambda: container.idempotency.refresh(claim))
-    usage_lease = UsageLease(container.redis, container.key_prefix, prepared.request_id,
-                             settings.BILLING_LEASE_TTL_SECONDS)
-    opened = False
-
-    def open_usage(pipe):  # the usage lease and pending event ride on the admission call
-        nonlocal opened
-        opened = True
-        return queue_pending_usage(pipe, pending_event(prepared), usage_lease)
-
-    try:
-        while True:
-            tried: set[int] = set()
-            try:
-                try:
-                    slot = await _admit(container, current, None if opened else open_usage)
-                finally:
-                    if not opened:  # no admission call (no replica), or it failed before
-                        opened = True
-                        await _open_usage(prepared, usage_lease)
-                if slot is not None:
-                    keepalive.hold("slot", slot.refresh)
-                progress.admitted_at = clock()
-                # aclosing: a client that goes away closes the replica's stream at once.
-                async with aclosing(_stream(container, current, progress, tried,
-                                            keepalive)) as deltas:
-                    async for delta in deltas:
-                        yield delta
-                break
-            except (ServiceUnavailable, ReplicaFailed) as exc:
-                # A canary that cannot start the request never fails it: stable serves it
-                # (unless the canary's engine died serving it: it may be what killed it).
-                if (current.fallback is None or progress.first_token_at is not None
-                        or isinstance(exc, ReplicaDied)):
-                    raise
-                keepalive.drop("slot")
-                slot = await _release_slot(slot, current)
-                await record_fallback(container, current.rollout_id, FAILED if tried else UNAVAILABLE)
-                logger.warning("canary %s of rollout %s could not serve %s; falling back to "
-                               "stable", current.target.model_version_id, current.rollout_id,
-                               current.request_id)
-                progress.replica_id = None
-                progress.last = None
-                current = await retarget(container, current)
-        progress.status = UsageRecord.Status.OK
-        final = progress.final
-        result = Result(
-            id=current.request_id,
-            created=int(time.time()),
-            model=current.target.model_name,
-            deltas=progress.deltas,
-            finish_reason=final.finish_reason or "stop",
-            input_tokens=final.num_input_tokens or len(current.prompt_token_ids),
-            output_tokens=final.num_output_tokens,
-            cached_tokens=final.num_cached_tokens,
-        )
-        yield Done(result)
-    except (asyncio.CancelledError, GeneratorExit):
-        if progress.status != UsageRecord.Status.OK:
-            progress.status = UsageRecord.Status.CANCELLED
-        raise
-    finally:
-        # Shielded: a second cancellation must not lose the usage row or the key's state.
-        await asyncio.shield(_finish(container, current, progress, result, slot, keepalive,
-                                     usage_lease))
-
-
-async def _open_usage(prepared: Prepared, usage_lease: UsageLease) -> None:
-    """The usage lease, then the pending usage event: from here on the request is billed even
-    if this process dies (the reaper finalises it)."""
-    try:  # one round trip: the lease's SET, then the event
-        await record_usage(pending_event(prepared), lease=usage_lease)
-    except Exception:  # noqa: BLE001 - the final event still bills it
-        logger.exception("pending usage for %s was not recorded", prepared.request_id)
-    usage_lease.keep()
 
 
 async def _report(outcome) -> None:
@@ -280,133 +141,276 @@ async def _report(outcome) -> None:
         logger.exception("routing outcome not recorded")
 
 
-async def _stream(container: Container, prepared: Prepared, progress: _Progress,
-                  tried: set[int], keepalive: KeepAlive) -> AsyncIterator[Delta]:
-    """Stream from a ready replica of `prepared.target` until the final chunk (in
-    `progress.final`); a replica failing before the first token is retried on another (at most
-    ROUTER_MAX_ATTEMPTS); each outcome is reported to the router (circuit, prefix index)."""
-    clock = container.clock
-    request = replica_request(prepared)
-    route = RouteRequest(prepared.principal.tenant_id, len(prepared.prompt_token_ids),
-                         prepared.max_tokens,
-                         block_hashes=prompt_block_hashes(prepared.prompt_token_ids,
-                                                          request.cache_salt,
-                                                          settings.ROUTER_PREFIX_MAX_BLOCKS))
-    while True:
+class Generation:
+    def __init__(self, *, admission: AdmissionQueue, router: Router,
+                 replica_client: ReplicaClient, versions: VersionChooser,
+                 idempotency: IdempotencyStore, buckets: TokenBuckets, redis, key_prefix: str,
+                 clock: Callable[[], float]):
+        self._admission = admission
+        self._router = router
+        self._replicas = replica_client
+        self._versions = versions  # the canary's fallback to stable
+        self._idempotency = idempotency
+        self._buckets = buckets
+        self._redis = redis  # usage leases (billing.leases)
+        self._key_prefix = key_prefix
+        self._clock = clock
+
+    async def generate(self, prepared: PreparedRequest) -> AsyncIterator[Delta | Done]:
+        outcome = StreamOutcome(started=self._clock())
+        result: Result | None = None
+        slot: Slot | None = None
+        current = prepared  # becomes the stable version if a canary cannot serve the request
+        keepalive = KeepAlive(settings.REQUEST_KEEPALIVE_SECONDS,
+                              settings.CLEANUP_STEP_TIMEOUT_SECONDS,
+                              max_s=settings.REQUEST_DEADLINE_SECONDS + 60)
+        if prepared.claim is not None:
+            claim = prepared.claim
+            keepalive.hold("idempotency", lambda: self._idempotency.refresh(claim))
+        usage_lease = UsageLease(self._redis, self._key_prefix, prepared.request_id,
+                                 settings.BILLING_LEASE_TTL_SECONDS)
+        opened = False
+
+        def open_usage(pipe):  # the usage lease and pending event ride on the admission call
+            nonlocal opened
+            opened = True
+            return queue_pending_usage(pipe, pending_event(prepared), usage_lease)
+
         try:
-            lease = await container.router.acquire(
-                prepared.target.model_version_id, prepared.target.routing_policy, route,
-                exclude=frozenset(tried))
-        except NoReplicaReady:
-            if tried:
-                raise ReplicaFailed("Every replica tried failed before the first token; "
-                                    "retry later.",
-                                    headers={"Retry-After": "1"}) from None
-            raise ServiceUnavailable(
-                f"No replica of '{prepared.target.model_name}' is ready; retry later.",
-                headers={"Retry-After": str(settings.NO_REPLICA_RETRY_AFTER_SECONDS)},
-            ) from None
-        tried.add(lease.replica.replica_id)
-        progress.replica_id = lease.replica.replica_id
-        keepalive.hold("lease", lease.refresh)
-        attempt = Attempt(lease.replica.grpc_address, request.model_name)
-        progress.attempts.append(attempt)
-        try:
-            await release_db_connection()  # not held while streaming
-            async with aclosing(
-                container.replica_client.stream(lease.replica.grpc_address, request)
-            ) as chunks:
-                async for chunk in chunks:
-                    progress.last = attempt.last = chunk
-                    if progress.first_token_at is None:
-                        progress.first_token_at = clock()
-                        # Best effort: the lease gives back the rest (or expires) at the end.
-                        await _report(lease.release_prompt())
-                        await _report(container.router.first_token(lease))
-                    if chunk.text:
-                        progress.deltas.append(chunk.text)
-                        yield Delta(chunk.text)
-                    if chunk.final:
-                        progress.final = attempt.final = chunk
-                        break
-        except ReplicaRejected as exc:
-            attempt.rejected = True
-            progress.status = UsageRecord.Status.REJECTED
-            raise InvalidRequest(str(exc) or "The replica refused the request.") from exc
-        except ReplicaRequestFailed as exc:
-            raise ModelFailed(f"The model failed on this request: {exc}") from exc
-        except ReplicaDead as exc:
-            await asyncio.shield(_report(container.router.dead(lease, str(exc))))
-            logger.error("replica %s: engine dead (%s)", lease.replica.grpc_address, exc)
-            if exc.in_flight or progress.first_token_at is not None:
-                raise ReplicaDied("The replica serving this request failed; retry later.",
-                                  headers={"Retry-After": "1"}) from exc
-            if len(tried) >= settings.ROUTER_MAX_ATTEMPTS:
-                raise ReplicaFailed("The replicas failed before the first token; retry later.",
-                                    headers={"Retry-After": "1"}) from exc
-            continue
-        except (ReplicaUnavailable, ReplicaStreamError) as exc:
-            started = progress.first_token_at is not None
-            retrying = not started and len(tried) < settings.ROUTER_MAX_ATTEMPTS
-            await asyncio.shield(_report(container.router.failed(
-                lease, before_first_token=not started, retrying=retrying)))
-            if started:
-                # The usage row records it: status failed, the tokens streamed so far.
-                raise ReplicaFailed(f"The replica failed mid-stream: {exc}") from exc
-            logger.warning("replica %s failed before the first token: %s",
-                           lease.replica.grpc_address, exc)
-            if not retrying:
-                raise ReplicaFailed("The replicas failed before the first token; retry later.",
-                                    headers={"Retry-After": "1"}) from exc
-            continue
+            while True:
+                tried: set[int] = set()
+                try:
+                    try:
+                        admission = await self._admit(current, None if opened else open_usage)
+                    finally:
+                        if not opened:  # no admission call (no replica), or it failed before
+                            opened = True
+                            await _open_usage(prepared, usage_lease)
+                    slot = admission.slot
+                    if slot is not None:
+                        keepalive.hold("slot", slot.refresh)
+                    outcome.admitted_at = admission.admitted_at
+                    # aclosing: a client that goes away closes the replica's stream at once.
+                    async with aclosing(self._stream(current, outcome, tried,
+                                                     keepalive)) as deltas:
+                        async for delta in deltas:
+                            yield delta
+                    break
+                except (ServiceUnavailable, ReplicaFailed) as exc:
+                    # A canary that cannot start the request never fails it: stable serves it
+                    # (unless the canary's engine died serving it: it may be what killed it).
+                    if (current.fallback is None or outcome.first_token_at is not None
+                            or isinstance(exc, ReplicaDied)):
+                        raise
+                    keepalive.drop("slot")
+                    slot = await _release_slot(slot, current)
+                    outcome.replica_id = None
+                    current = await self._versions.fall_back(current, failed=bool(tried))
+            outcome.status = UsageRecord.Status.OK
+            final = outcome.final
+            result = Result(
+                id=current.request_id,
+                created=int(time.time()),
+                model=current.target.model_name,
+                deltas=outcome.deltas,
+                finish_reason=final.finish_reason or "stop",
+                input_tokens=final.num_input_tokens or len(current.prompt_token_ids),
+                output_tokens=final.num_output_tokens,
+                cached_tokens=final.num_cached_tokens,
+            )
+            yield Done(result)
+        except (asyncio.CancelledError, GeneratorExit):
+            if outcome.status != UsageRecord.Status.OK:
+                outcome.status = UsageRecord.Status.CANCELLED
+            raise
         finally:
-            keepalive.drop("lease")
-            await _bounded(lease.release(), "lease release", prepared.request_id)
-        if progress.final is None:
-            raise ReplicaFailed("The replica ended the stream without a final response.")
-        await _report(container.router.finished(
-            lease, progress.final.num_input_tokens or len(prepared.prompt_token_ids),
-            progress.final.num_cached_tokens))
-        return
+            # Shielded: a second cancellation must not lose the usage row or the key's state.
+            await asyncio.shield(self._finish(current, outcome, result, slot, keepalive,
+                                              usage_lease))
+
+    async def _admit(self, prepared: PreparedRequest, also=None) -> Admission:
+        """A slot of the model version in its model's admission queue (one per model, shared by
+        its versions); no slot when no replica is ready (routing then answers 503). Raises 503
+        when the queue is full or the tier's wait bound passes. `also(pipe)` queues more
+        commands on the admission's round trip (the usage lease and pending event)."""
+        model_version_id = prepared.target.model_version_id
+        router = self._router
+        num_ready = await router.num_ready(model_version_id)
+        # No replica ready, but one is loading or the version scales from zero: wait for it in
+        # the queue (the autoscaler sees the depth and starts one) rather than refuse.
+        cold = num_ready == 0 and await can_cold_start(model_version_id)
+        if num_ready == 0 and not cold:
+            return Admission(None, self._clock())
+        limits = prepared.charge.limits
+        max_wait_s = limits.max_queue_wait_ms / 1000.0
+        if cold:
+            max_wait_s = max(max_wait_s, settings.COLD_START_MAX_WAIT_SECONDS)
+        waiter = Waiter(tenant=str(limits.tenant_id), priority=limits.priority,
+                        cost_tokens=prepared.charge.estimated_tokens, max_wait_s=max_wait_s)
+
+        async def capacity() -> tuple[int, int]:
+            n = await router.num_ready(model_version_id)
+            await release_db_connection()
+            return (n * settings.ADMISSION_SLOTS_PER_REPLICA,
+                    n * settings.ADMISSION_HEADROOM_SLOTS_PER_REPLICA)
+
+        await release_db_connection()  # not held while waiting (prepare and num_ready read it)
+        try:
+            slot = await self._admission.admit(
+                prepared.target.model_name, model_version_id, waiter,
+                capacity=num_ready * settings.ADMISSION_SLOTS_PER_REPLICA,
+                headroom=num_ready * settings.ADMISSION_HEADROOM_SLOTS_PER_REPLICA,
+                refresh=capacity if cold else None, also=also)
+        except QueueFull:
+            raise ServiceUnavailable(
+                f"'{prepared.target.model_name}' is at capacity and its queue is full; retry "
+                "later.", code="queue_full",
+                headers={"Retry-After": str(settings.ADMISSION_FULL_RETRY_AFTER_SECONDS)},
+            ) from None
+        except QueueTimeout:
+            raise ServiceUnavailable(
+                f"'{prepared.target.model_name}' is at capacity: no slot within your tier's "
+                f"{limits.max_queue_wait_ms} ms wait bound; retry later.", code="queue_timeout",
+                headers={"Retry-After": str(max(1, math.ceil(limits.max_queue_wait_ms / 1000)))},
+            ) from None
+        return Admission(slot, self._clock())
+
+    async def _stream(self, prepared: PreparedRequest, outcome: StreamOutcome, tried: set[int],
+                      keepalive: KeepAlive) -> AsyncIterator[Delta]:
+        """Stream from a ready replica of `prepared.target` until the final chunk (in
+        `outcome.final`); a replica failing before the first token is retried on another (at
+        most ROUTER_MAX_ATTEMPTS); each outcome is reported to the router (circuit, prefix
+        index)."""
+        clock, router = self._clock, self._router
+        request = replica_request(prepared)
+        route = RouteRequest(prepared.principal.tenant_id, len(prepared.prompt_token_ids),
+                             prepared.max_tokens,
+                             block_hashes=prompt_block_hashes(prepared.prompt_token_ids,
+                                                              request.cache_salt,
+                                                              settings.ROUTER_PREFIX_MAX_BLOCKS))
+        while True:
+            try:
+                lease = await router.acquire(
+                    prepared.target.model_version_id, prepared.target.routing_policy, route,
+                    exclude=frozenset(tried))
+            except NoReplicaReady:
+                if tried:
+                    raise ReplicaFailed("Every replica tried failed before the first token; "
+                                        "retry later.",
+                                        headers={"Retry-After": "1"}) from None
+                raise ServiceUnavailable(
+                    f"No replica of '{prepared.target.model_name}' is ready; retry later.",
+                    headers={"Retry-After": str(settings.NO_REPLICA_RETRY_AFTER_SECONDS)},
+                ) from None
+            tried.add(lease.replica.replica_id)
+            outcome.replica_id = lease.replica.replica_id
+            keepalive.hold("lease", lease.refresh)
+            attempt = Attempt(lease.replica.grpc_address, request.model_name)
+            outcome.attempts.append(attempt)
+            try:
+                await release_db_connection()  # not held while streaming
+                async with aclosing(
+                    self._replicas.stream(lease.replica.grpc_address, request)
+                ) as chunks:
+                    async for chunk in chunks:
+                        attempt.last = chunk
+                        if outcome.first_token_at is None:
+                            outcome.first_token_at = clock()
+                            # Best effort: the lease gives back the rest (or expires) at the end.
+                            await _report(lease.release_prompt())
+                            await _report(router.first_token(lease))
+                        if chunk.text:
+                            outcome.deltas.append(chunk.text)
+                            yield Delta(chunk.text)
+                        if chunk.final:
+                            outcome.final = attempt.final = chunk
+                            break
+            except ReplicaRejected as exc:
+                attempt.rejected = True
+                outcome.status = UsageRecord.Status.REJECTED
+                raise InvalidRequest(str(exc) or "The replica refused the request.") from exc
+            except ReplicaRequestFailed as exc:
+                raise ModelFailed(f"The model failed on this request: {exc}") from exc
+            except ReplicaDead as exc:
+                await asyncio.shield(_report(router.dead(lease, str(exc))))
+                logger.error("replica %s: engine dead (%s)", lease.replica.grpc_address, exc)
+                if exc.in_flight or outcome.first_token_at is not None:
+                    raise ReplicaDied("The replica serving this request failed; retry later.",
+                                      headers={"Retry-After": "1"}) from exc
+                if len(tried) >= settings.ROUTER_MAX_ATTEMPTS:
+                    raise ReplicaFailed("The replicas failed before the first token; retry "
+                                        "later.", headers={"Retry-After": "1"}) from exc
+                continue
+            except (ReplicaUnavailable, ReplicaStreamError) as exc:
+                started = outcome.first_token_at is not None
+                retrying = not started and len(tried) < settings.ROUTER_MAX_ATTEMPTS
+                await asyncio.shield(_report(router.failed(
+                    lease, before_first_token=not started, retrying=retrying)))
+                if started:
+                    # The usage row records it: status failed, the tokens streamed so far.
+                    raise ReplicaFailed(f"The replica failed mid-stream: {exc}") from exc
+                logger.warning("replica %s failed before the first token: %s",
+                               lease.replica.grpc_address, exc)
+                if not retrying:
+                    raise ReplicaFailed("The replicas failed before the first token; retry "
+                                        "later.", headers={"Retry-After": "1"}) from exc
+                continue
+            finally:
+                keepalive.drop("lease")
+                await _bounded(lease.release(), "lease release", prepared.request_id)
+            if outcome.final is None:
+                raise ReplicaFailed("The replica ended the stream without a final response.")
+            await _report(router.finished(
+                lease, outcome.final.num_input_tokens or len(prepared.prompt_token_ids),
+                outcome.final.num_cached_tokens))
+            return
+
+    async def _finish(self, prepared: PreparedRequest, outcome: StreamOutcome,
+                      result: Result | None, slot: Slot | None, keepalive: KeepAlive,
+                      usage_lease: UsageLease) -> None:
+        await keepalive.stop()
+        await _release_slot(slot, prepared)
+        if prepared.claim is not None:  # on failure the pending key expires (its TTL)
+            if result is not None:
+                step = self._idempotency.complete(prepared.claim, result.to_dict())
+            else:
+                step = self._idempotency.abandon(prepared.claim)
+            await _bounded(step, "idempotency bookkeeping", prepared.request_id)
+        tokens = await computed_tokens(self._replicas, prepared.request_id, outcome.attempts,
+                                       settings.BILLING_REPLICA_USAGE_WAIT_SECONDS)
+        event = _usage_event(prepared, outcome, tokens, self._clock())
+        # Charged what it used, whatever the end (finished, failed, cancelled); on failure the
+        # bucket keeps the estimate, which refills anyway.
+        await _bounded(settle(self._buckets, prepared.charge,
+                              event.input_tokens + event.output_tokens),
+                       "quota correction", prepared.request_id)
+        observe_generation(prepared, event, outcome.started, outcome.admitted_at)
+        try:
+            await record_usage(event)
+        except Exception:  # noqa: BLE001 - the lease expires and the reaper finalises the row
+            logger.exception("usage for %s was not recorded", prepared.request_id)
+            usage_lease.abandon()
+            return
+        await usage_lease.release()
 
 
-async def _release_slot(slot: Slot | None, prepared: Prepared) -> None:
+async def _open_usage(prepared: PreparedRequest, usage_lease: UsageLease) -> None:
+    """The usage lease, then the pending usage event: from here on the request is billed even
+    if this process dies (the reaper finalises it)."""
+    try:  # one round trip: the lease's SET, then the event
+        await record_usage(pending_event(prepared), lease=usage_lease)
+    except Exception:  # noqa: BLE001 - the final event still bills it
+        logger.exception("pending usage for %s was not recorded", prepared.request_id)
+    usage_lease.keep()
+
+
+async def _release_slot(slot: Slot | None, prepared: PreparedRequest) -> None:
     if slot is not None:  # on failure the slot's lease expires (ADMISSION_SLOT_TTL_SECONDS)
         await _bounded(slot.release(), "admission slot release", prepared.request_id)
     return None
 
 
-async def _finish(container: Container, prepared: Prepared, progress: _Progress,
-                  result: Result | None, slot: Slot | None, keepalive: KeepAlive,
-                  usage_lease: UsageLease) -> None:
-    await keepalive.stop()
-    await _release_slot(slot, prepared)
-    if prepared.claim is not None:  # on failure the pending key expires (its TTL)
-        if result is not None:
-            step = container.idempotency.complete(prepared.claim, result.to_dict())
-        else:
-            step = container.idempotency.abandon(prepared.claim)
-        await _bounded(step, "idempotency bookkeeping", prepared.request_id)
-    tokens = await computed_tokens(container.replica_client, prepared.request_id,
-                                   progress.attempts, settings.BILLING_REPLICA_USAGE_WAIT_SECONDS)
-    now = container.clock()
-    event = _usage_event(prepared, progress, tokens, now)
-    # Charged what it used, whatever the end (finished, failed, cancelled); on failure the
-    # bucket keeps the estimate, which refills anyway.
-    await _bounded(settle(container.buckets, prepared.charge,
-                          event.input_tokens + event.output_tokens),
-                   "quota correction", prepared.request_id)
-    observe_generation(container, prepared, event, progress.started, progress.admitted_at)
-    try:
-        await record_usage(event)
-    except Exception:  # noqa: BLE001 - the lease expires and the reaper finalises the row
-        logger.exception("usage for %s was not recorded", prepared.request_id)
-        usage_lease.abandon()
-        return
-    await usage_lease.release()
-
-
-def _usage_event(prepared: Prepared, progress: _Progress, tokens: Tokens,
+def _usage_event(prepared: PreparedRequest, outcome: StreamOutcome, tokens: Tokens,
                  now: float) -> UsageEvent:
     return UsageEvent(
         request_id=prepared.request_id,
@@ -414,15 +418,15 @@ def _usage_event(prepared: Prepared, progress: _Progress, tokens: Tokens,
         api_key_id=prepared.principal.api_key_id,
         model_name=prepared.target.model_name,
         model_version_id=prepared.target.model_version_id,
-        replica_id=progress.replica_id,
+        replica_id=outcome.replica_id,
         input_tokens=tokens.input_tokens,
         cached_tokens=tokens.cached_tokens,
         output_tokens=tokens.output_tokens,
-        ttft_ms=None if progress.first_token_at is None
-        else (progress.first_token_at - progress.started) * 1000.0,
-        total_ms=(now - progress.started) * 1000.0,
-        status=progress.status,
-        finish_reason=(progress.final.finish_reason if progress.final else ""),
+        ttft_ms=None if outcome.first_token_at is None
+        else (outcome.first_token_at - outcome.started) * 1000.0,
+        total_ms=(now - outcome.started) * 1000.0,
+        status=outcome.status,
+        finish_reason=(outcome.final.finish_reason if outcome.final else ""),
         endpoint=prepared.request.endpoint,
         estimated_tokens=prepared.charge.estimated_tokens,
     )

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from billing.events import UsageEvent
 from billing.models import UsageRecord
-from inference.pipeline import Prepared
+from inference.request import PreparedRequest
 from inference.replica_client import ReplicaChunk, ReplicaClient, ReplicaError, ReplicaUsage
 
 logger = logging.getLogger(__name__)
@@ -52,7 +52,7 @@ class Tokens:
         return cls(report.num_input_tokens, report.num_cached_tokens, report.num_output_tokens)
 
 
-def pending_event(prepared: Prepared) -> UsageEvent:
+def pending_event(prepared: PreparedRequest) -> UsageEvent:
     """What admission records: no tokens yet, the estimate the token bucket was charged."""
     return UsageEvent(
         request_id=prepared.request_id, tenant_id=prepared.principal.tenant_id,

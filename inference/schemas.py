@@ -6,12 +6,16 @@ no serializer declares is a 400 too (inference.unsupported_params), never silent
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from rest_framework import serializers
 
 from inference.errors import InvalidRequest
 from inference.unsupported_params import refuse_unsupported
 from replica.engine.sampling_params import GREEDY_TEMPERATURE
+
+if TYPE_CHECKING:
+    from inference.endpoints import EndpointKind
 
 MAX_STOP_SEQUENCES = 4
 ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -151,13 +155,6 @@ class CompletionsSerializer(_SamplingSerializer):
         return value
 
 
-SERIALIZERS = {
-    "generate": GenerateSerializer,
-    "chat": ChatSerializer,
-    "completions": CompletionsSerializer,
-}
-
-
 def _first_error(errors, path: str = "") -> tuple[str, str]:
     """(param, message) of the first DRF error, with a dotted path like `messages.0.role`."""
     if isinstance(errors, dict):
@@ -189,13 +186,13 @@ def _unbind(field: serializers.Field) -> None:
         _unbind(child)
 
 
-def parse_request(endpoint: str, body: object) -> GenerationRequest:
-    """Validate a decoded JSON body for `endpoint`, or raise InvalidRequest (400)."""
+def parse_request(kind: "EndpointKind", body: object) -> GenerationRequest:
+    """Validate a decoded JSON body for the endpoint `kind`, or raise InvalidRequest (400)."""
     if not isinstance(body, dict):
         raise InvalidRequest("The request body must be a JSON object.")
-    serializer = SERIALIZERS[endpoint](data=body)
+    serializer = kind.serializer(data=body)
     try:
-        refuse_unsupported(endpoint, body, serializer.fields)
+        refuse_unsupported(body, serializer.fields, kind.no_ops, openai=kind.openai)
         if not serializer.is_valid():
             param, message = _first_error(serializer.errors)
             raise InvalidRequest(f"{param}: {message}" if param else message,
@@ -204,23 +201,24 @@ def parse_request(endpoint: str, body: object) -> GenerationRequest:
     finally:
         _unbind(serializer)
     max_tokens = data.get("max_tokens")
-    if endpoint == "chat" and data.get("max_completion_tokens") is not None:
-        max_tokens = data["max_completion_tokens"]
-    if endpoint == "completions" and max_tokens is None:
-        max_tokens = 16  # OpenAI's default for the legacy completions endpoint
+    for name in kind.max_tokens_overrides:
+        if data.get(name) is not None:
+            max_tokens = data[name]
+    if max_tokens is None:
+        max_tokens = kind.default_max_tokens
     temperature = data.get("temperature")
     if temperature is not None and temperature < GREEDY_TEMPERATURE:
         temperature = 0.0  # greedy: the limit of a tiny temperature (dividing by it overflows)
     top_p = data.get("top_p")
     stream_options = data.get("stream_options") or {}
     messages = None
-    if endpoint != "completions":
+    if kind.takes_messages:
         messages = tuple({"role": m["role"], "content": m["content"]} for m in data["messages"])
     return GenerationRequest(
-        endpoint=endpoint,
+        endpoint=kind.name,
         model=data["model"],
         messages=messages,
-        prompt=data.get("prompt") if endpoint == "completions" else None,
+        prompt=None if kind.takes_messages else data.get("prompt"),
         sampling=Sampling(
             max_tokens=max_tokens,
             temperature=1.0 if temperature is None else float(temperature),

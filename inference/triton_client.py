@@ -101,14 +101,51 @@ def _scalar(result, name: str, default):
     return value.item() if hasattr(value, "item") else value
 
 
+def _bytes_scalar(raw: bytes) -> str:
+    """The first element of a serialized BYTES tensor (4-byte little-endian length, then the
+    bytes)."""
+    return raw[4:4 + int.from_bytes(raw[:4], "little")].decode("utf-8", errors="replace")
+
+
+# One-element tensors read straight from the response's raw bytes: a streamed token's six
+# outputs cost ~20 us through numpy (`as_numpy` per name), a few here.
+_SCALAR_DECODERS = {
+    "BYTES": _bytes_scalar,
+    "BOOL": lambda raw: raw[:1] != b"\x00",
+    "INT32": lambda raw: int.from_bytes(raw[:4], "little", signed=True),
+    "INT64": lambda raw: int.from_bytes(raw[:8], "little", signed=True),
+    "UINT32": lambda raw: int.from_bytes(raw[:4], "little"),
+    "UINT64": lambda raw: int.from_bytes(raw[:8], "little"),
+}
+
+
+def _scalars(result) -> dict:
+    """name -> first element of every output, in one pass over the response (outputs whose
+    type has no decoder here go through `as_numpy`)."""
+    response = result.get_response()
+    raw_contents = response.raw_output_contents
+    values = {}
+    for index, output in enumerate(response.outputs):
+        decode = _SCALAR_DECODERS.get(output.datatype)
+        if decode is None or index >= len(raw_contents):
+            values[output.name] = _scalar(result, output.name, None)
+            continue
+        raw = raw_contents[index]
+        if raw:
+            values[output.name] = decode(raw)
+    return values
+
+
 def parse_chunk(result) -> ReplicaChunk:
+    values = _scalars(result)
+    get = values.get
     return ReplicaChunk(
-        text=_scalar(result, "text_output", ""),
-        finish_reason=_scalar(result, "finish_reason", ""),
-        num_input_tokens=int(_scalar(result, "num_input_tokens", 0)),
-        num_output_tokens=int(_scalar(result, "num_output_tokens", 0)),
-        num_cached_tokens=int(_scalar(result, "num_cached_tokens", 0)),
-        final=bool(_scalar(result, "final", False)),
+        text=get("text_output") or "",
+        finish_reason=get("finish_reason") or "",
+        num_input_tokens=int(get("num_input_tokens") or 0),
+        num_output_tokens=int(get("num_output_tokens") or 0),
+        num_cached_tokens=int(get("num_cached_tokens") or 0),
+        final=bool(get("final") or False),
     )
 
 
@@ -171,10 +208,12 @@ class TritonReplicaClient:
         try:
             while not finished:
                 try:
-                    result, error = await asyncio.wait_for(call.__anext__(), timeout)
+                    # asyncio.timeout, not wait_for: no task of its own per token.
+                    async with asyncio.timeout(timeout):
+                        result, error = await anext(call)
                 except StopAsyncIteration:
                     raise ReplicaStreamError("the replica closed the stream before the end")
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     raise ReplicaUnavailable(f"no response from the replica for {timeout:g} s")
                 except (grpc.aio.AioRpcError, InferenceServerException) as exc:
                     raise classify(exc) from exc

@@ -132,12 +132,15 @@ def _check(obj: dict, accepted: Collection[str], no_ops: dict[str, NoOp], path: 
                 code="unsupported_parameter", param=param)
 
 
-def refuse_unsupported(endpoint: str, body: dict, accepted: Collection[str]) -> None:
+def refuse_unsupported(body: dict, accepted: Collection[str], no_ops: dict[str, NoOp], *,
+                       openai: bool) -> None:
     """Raise InvalidRequest (400) for the first parameter of `body` that is neither in
-    `accepted` (what `endpoint`'s serializer implements) nor an accepted no-op. Shapes are the
-    serializer's to check: a `messages` that is not a list of objects is left to it."""
-    openai = endpoint != "generate"  # the native endpoint takes its own parameters only
-    _check(body, accepted, NO_OPS[endpoint], "")
+    `accepted` (what the endpoint's serializer implements) nor one of its accepted `no_ops`
+    (`NO_OPS[name]`, carried by its inference.endpoints.EndpointKind). `openai`: the OpenAI
+    endpoints' no-ops in `stream_options` and messages apply too (the native endpoint takes its
+    own parameters only). Shapes are the serializer's to check: a `messages` that is not a list
+    of objects is left to it."""
+    _check(body, accepted, no_ops, "")
     stream_options = body.get("stream_options")
     if isinstance(stream_options, dict):
         _check(stream_options, {"include_usage"}, STREAM_OPTIONS_NO_OPS if openai else {},

@@ -83,13 +83,15 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     # First: request id, log context and HTTP metrics for everything below it.
     "inference.observability.middleware.RequestContextMiddleware",
-    "django.middleware.security.SecurityMiddleware",
-    "django.contrib.sessions.middleware.SessionMiddleware",
-    "django.middleware.common.CommonMiddleware",
-    "django.middleware.csrf.CsrfViewMiddleware",
-    "django.contrib.auth.middleware.AuthenticationMiddleware",
-    "django.contrib.messages.middleware.MessageMiddleware",
-    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # Django's stock middleware, without a thread hop per API request (llm_platform/middleware.py):
+    # the pure ones run on the event loop, the browser ones skip /v1/.
+    "llm_platform.middleware.InlineSecurityMiddleware",
+    "llm_platform.middleware.BrowserOnlySessionMiddleware",
+    "llm_platform.middleware.InlineCommonMiddleware",
+    "llm_platform.middleware.BrowserOnlyCsrfViewMiddleware",
+    "llm_platform.middleware.BrowserOnlyAuthenticationMiddleware",
+    "llm_platform.middleware.BrowserOnlyMessageMiddleware",
+    "llm_platform.middleware.InlineXFrameOptionsMiddleware",
 ]
 
 ROOT_URLCONF = "llm_platform.urls"

@@ -23,6 +23,7 @@ FRAMEWORK_NAMES = ",".join([
     "list_editable", "model", "initial", "dependencies", "operations", "lookup_*", "__*__",
     "test_*", "pytest_*", "application", "celery_app", "initialize", "execute", "finalize",
     "auto_complete_config", "validate_*", "extra_repr", "TritonPythonModel",
+    "*Middleware",  # named by dotted paths in settings.MIDDLEWARE
 ])
 FRAMEWORK_DECORATORS = ",".join(["@admin.*", "@shared_task", "@pytest.*", "@*.register",
                                  "@receiver", "@*.setter", "@*.connect"])

@@ -1,7 +1,7 @@
 """The playground: a member sends a prompt and watches the model's answer stream into the page.
 
 The page posts to `stream` (session cookie + CSRF token; no API key ever reaches the page),
-which runs the platform's own generation path (`prepare_as` -> router -> replica) as the
+which runs the platform's own generation path (`Preparation.prepare_as` -> `Generation`) as the
 tenant, through the tenant's internal playground key: quotas, admission, usage and billing
 apply exactly as for API calls. The reply is the SSE stream of `/v1/generate`.
 """
@@ -12,11 +12,11 @@ from django.shortcuts import render
 from dashboard.access import member_view, membership_of
 from dashboard.selectors import playground_models
 from inference.container import current_container
+from inference.endpoints import GENERATE
 from inference.errors import InvalidRequest, MethodNotAllowed, Unauthorized
 from inference.faults import as_api_error
-from inference.formats.native import NativeFormat
-from inference.pipeline import decode_body, prepare_as
-from inference.relay import open_events, sse_bytes
+from inference.pipeline import decode_body
+from inference.relay import open_frames, sse_bytes
 from tenants.auth import Principal
 from tenants.services import ensure_internal_key
 
@@ -75,12 +75,12 @@ async def stream(request):
             raise Unauthorized("Log in as a member of a tenant.", code="not_logged_in")
         body = _generation_body(request.body)
         container = current_container()
-        fmt = NativeFormat()
-        outcome = await prepare_as(container, "generate", principal, body, None)
-        events = await open_events(container, outcome, fmt)
+        fmt = GENERATE.response_format
+        outcome = await container.preparation.prepare_as(GENERATE, principal, body, None)
+        frames = await open_frames(container.generation, outcome, fmt)
     except Exception as exc:  # noqa: BLE001 - Redis/PostgreSQL down: 503 JSON, never a page
         return as_api_error(exc, request.path).to_response()
-    response = StreamingHttpResponse(sse_bytes(fmt, events), content_type="text/event-stream")
+    response = StreamingHttpResponse(sse_bytes(fmt, frames), content_type="text/event-stream")
     response["Cache-Control"] = "no-cache"
     response["X-Accel-Buffering"] = "no"
     return response

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from inference.generation import Result
+from inference.request import Result
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from inference.formats.base import Event, StreamMeta
-from inference.generation import Result
+from inference.request import Result
 
 
 def _usage(result: Result) -> dict:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from inference.errors import ReplicaFailed
 from inference.formats.base import Event, StreamMeta
-from inference.generation import Result
+from inference.request import Result
 
 OPENAI_FINISH_REASONS = frozenset({"stop", "length"})
 

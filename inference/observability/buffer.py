@@ -15,9 +15,7 @@ import contextvars
 import logging
 
 from django.apps import apps
-from django.conf import settings
 
-from inference.container import current_container
 from inference.observability.store import Batch, MetricStore
 
 logger = logging.getLogger(__name__)
@@ -56,14 +54,7 @@ class MetricBuffer:
                            len(batch.increments), exc_info=True)
 
 
-def new_buffer() -> MetricBuffer:
-    """A buffer writing through this event loop's container (made once per loop by
-    `InferenceConfig.metric_buffers`, a common.per_loop.PerLoop)."""
-    container = current_container()
-    return MetricBuffer(MetricStore(container.redis, container.key_prefix),
-                        settings.METRICS_FLUSH_SECONDS)
-
-
 def current_buffer() -> MetricBuffer:
-    """This event loop's buffer (kept beside the loop's container on the inference app)."""
+    """This event loop's buffer (kept beside the loop's container on the inference app, which
+    makes one per loop writing through that loop's Redis client: inference/apps.py)."""
     return apps.get_app_config("inference").metric_buffers.current()

@@ -9,8 +9,8 @@ from inference.observability.request_metrics import generation_batch
 logger = logging.getLogger(__name__)
 
 
-def observe_generation(container, prepared, event, started: float,
-                             admitted_at: float | None) -> None:
+def observe_generation(prepared, event, started: float,
+                       admitted_at: float | None) -> None:
     """Log one line about the finished generation (its request id, tenant and model come from
     the log context) and add its usage event to the shared metrics; never raises (a Redis
     failure loses these samples, not the reply or its usage row). No I/O: the samples are

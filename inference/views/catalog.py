@@ -23,7 +23,6 @@ from django.http import JsonResponse
 from inference.container import current_container
 from inference.errors import NotFound
 from inference.faults import preparing
-from inference.pipeline import authenticate_header
 from inference.relay import request_deadline
 from inference.views.errors import api_endpoint
 from models_registry.selectors import any_ready_replica, models_for_tenant
@@ -33,7 +32,7 @@ from models_registry.selectors import any_ready_replica, models_for_tenant
 async def models_view(request):
     container = current_container()
     async with preparing(request_deadline()):  # 503 in seconds if PostgreSQL or Redis hangs
-        principal = await authenticate_header(container, request.headers.get("Authorization"))
+        principal = await container.preparation.authenticate(request.headers.get("Authorization"))
         data = await models_for_tenant(principal.tenant_id)
     return JsonResponse({"object": "list", "data": data})
 
@@ -42,7 +41,7 @@ async def models_view(request):
 async def model_view(request, model_id: str):
     """One model object; 404 (not one the key's tenant may use) exactly as /v1/models omits it."""
     container = current_container()
-    principal = await authenticate_header(container, request.headers.get("Authorization"))
+    principal = await container.preparation.authenticate(request.headers.get("Authorization"))
     for model in await models_for_tenant(principal.tenant_id):
         if model["id"] == model_id:
             return JsonResponse(model)

@@ -1,20 +1,21 @@
-"""POST /v1/generate, /v1/chat/completions, /v1/completions: thin async views."""
+"""POST /v1/generate, /v1/chat/completions, /v1/completions: thin async views.
+
+view -> `Preparation.prepare` (auth, parse, quota, idempotency) -> `Generation` through the
+relay (admit, route and stream, finish) -> JSON or SSE. The endpoint kind
+(inference/endpoints.py) carries what differs between the three.
+"""
 from __future__ import annotations
 
-from django.conf import settings
-from django.http import JsonResponse, StreamingHttpResponse
+import orjson
+from django.http import HttpResponse, StreamingHttpResponse
 
 from inference.container import current_container
-from inference.errors import ApiError, PayloadTooLarge
-from inference.formats import FORMATS
-from inference.pipeline import decode_body, prepare, quota_headers_for
+from inference.endpoints import CHAT, COMPLETIONS, GENERATE, EndpointKind
+from inference.errors import ApiError
 from inference.faults import preparing
-from inference.relay import complete, open_events, request_deadline, sse_bytes
+from inference.pipeline import Submission
+from inference.relay import complete, open_frames, request_deadline, sse_bytes
 from inference.views.errors import api_endpoint
-
-QUOTA_HEADER = "x-ratelimit-limit-requests"
-# Refusals because PostgreSQL or Redis hung: looking up the quota headers would hang as well.
-DEPENDENCY_FAILURES = frozenset({"dependency_timeout", "deadline_exceeded"})
 
 
 def _content_length(request) -> int:
@@ -24,28 +25,24 @@ def _content_length(request) -> int:
         return 0
 
 
-async def _serve(request, endpoint: str):
+async def _serve(request, kind: EndpointKind):
     # Every reply to an authenticated request carries the x-ratelimit-* headers: the
     # admission's (200 JSON or SSE, and the 503s after it), the check's (429), else the
-    # buckets as they are (a replay; a refusal before the check: 400, 404, 409, 413, 422).
+    # buckets as they are (a replay; a refusal before the check: 400, 404, 409, 413, 422,
+    # added by `prepare`, which authenticated the key).
     container = current_container()
-    authorization = request.headers.get("Authorization")
+    headers = request.headers
+    submission = Submission(authorization=headers.get("Authorization"),
+                            idempotency_key=headers.get("Idempotency-Key"),
+                            conversation_id=headers.get("X-Conversation-Id"),
+                            declared_length=_content_length(request),
+                            read_body=lambda: request.body)
     deadline = request_deadline()  # the final answer comes by then (REQUEST_DEADLINE_SECONDS)
-    try:
-        if _content_length(request) > settings.API_MAX_BODY_BYTES:
-            raise PayloadTooLarge(f"The request body exceeds {settings.API_MAX_BODY_BYTES} bytes.")
-        async with preparing(deadline):  # 503 in seconds if PostgreSQL or Redis hangs
-            outcome = await prepare(container, endpoint, authorization,
-                                    decode_body(request.body),
-                                    request.headers.get("Idempotency-Key"),
-                                    request.headers.get("X-Conversation-Id"))
-    except ApiError as exc:
-        if QUOTA_HEADER not in exc.headers and exc.code not in DEPENDENCY_FAILURES:
-            exc.headers = {**await quota_headers_for(container, authorization), **exc.headers}
-        raise
+    async with preparing(deadline):  # 503 in seconds if PostgreSQL or Redis hangs
+        outcome = await container.preparation.prepare(kind, submission)
     quota_headers = outcome.quota_headers
     try:
-        response = await _reply(container, outcome, FORMATS[endpoint](), deadline)
+        response = await _reply(container.generation, outcome, kind, deadline)
     except ApiError as exc:
         exc.headers = {**quota_headers, **exc.headers}
         raise
@@ -54,12 +51,13 @@ async def _serve(request, endpoint: str):
     return response
 
 
-async def _reply(container, outcome, fmt, deadline: float):
+async def _reply(generation, outcome, kind: EndpointKind, deadline: float):
+    fmt = kind.response_format
     if not outcome.request.stream:
-        result = await complete(container, outcome, deadline)
-        return JsonResponse(fmt.complete(result))
-    events = await open_events(container, outcome, fmt, deadline)
-    response = StreamingHttpResponse(sse_bytes(fmt, events), content_type="text/event-stream")
+        result = await complete(generation, outcome, deadline)
+        return HttpResponse(orjson.dumps(fmt.complete(result)), content_type="application/json")
+    frames = await open_frames(generation, outcome, fmt, deadline)
+    response = StreamingHttpResponse(sse_bytes(fmt, frames), content_type="text/event-stream")
     response["Cache-Control"] = "no-cache"
     response["X-Accel-Buffering"] = "no"
     return response
@@ -67,14 +65,14 @@ async def _reply(container, outcome, fmt, deadline: float):
 
 @api_endpoint("POST")
 async def generate_view(request):
-    return await _serve(request, "generate")
+    return await _serve(request, GENERATE)
 
 
 @api_endpoint("POST")
 async def chat_completions_view(request):
-    return await _serve(request, "chat")
+    return await _serve(request, CHAT)
 
 
 @api_endpoint("POST")
 async def completions_view(request):
-    return await _serve(request, "completions")
+    return await _serve(request, COMPLETIONS)

@@ -9,7 +9,6 @@ from django.http import JsonResponse
 from billing.selectors import GRANULARITIES, usage_series
 from inference.container import current_container
 from inference.errors import InvalidRequest
-from inference.pipeline import authenticate_header
 from inference.views.errors import api_endpoint
 
 MAX_SPAN = timedelta(days=366)
@@ -38,8 +37,8 @@ def _parse_time(name: str, raw: str | None) -> datetime:
 
 @api_endpoint("GET")
 async def usage_view(request):
-    principal = await authenticate_header(current_container(),
-                                          request.headers.get("Authorization"))
+    principal = await current_container().preparation.authenticate(
+        request.headers.get("Authorization"))
     start = _parse_time("start", request.GET.get("start"))
     end = _parse_time("end", request.GET.get("end"))
     granularity = request.GET.get("granularity", "hour")

@@ -7,9 +7,8 @@ import pytest
 
 from inference.admission import queue_keys
 from inference.container import current_container
-from inference.formats.native import NativeFormat
-from inference.pipeline import prepare
-from inference.relay import open_events
+from inference.endpoints import GENERATE
+from inference.relay import open_frames
 from tenants.models import Tier
 from tests.support.waiting import async_wait_until
 
@@ -28,9 +27,10 @@ async def post(client, body, headers):
 async def hold_slot(auth):
     """A streaming request that holds the one slot until closed."""
     container = current_container()
-    prepared = await prepare(container, "generate", auth["Authorization"], SLOW, None)
-    events = await open_events(container, prepared, NativeFormat())
-    assert (await anext(events)).name == "token"
+    principal = await container.preparation.authenticate(auth["Authorization"])
+    prepared = await container.preparation.prepare_as(GENERATE, principal, SLOW, None)
+    events = await open_frames(container.generation, prepared, GENERATE.response_format)
+    assert (await anext(events))[0].name == "token"
     return events
 
 

@@ -9,9 +9,8 @@ import redis.asyncio as aioredis
 from django.conf import settings
 
 from inference.container import current_container
-from inference.formats.native import NativeFormat
-from inference.pipeline import prepare
-from inference.relay import open_events
+from inference.endpoints import GENERATE
+from inference.relay import open_frames
 from tenants.buckets import TokenBuckets
 from tenants.models import Tenant, Tier
 from tenants.selectors import LimitsCache
@@ -132,9 +131,10 @@ async def test_cancelled_request_is_charged_what_it_used(auth, tenant, ready_rep
     body = {**BODY, "messages": [{"role": "user", "content": "[slow] Hi"}], "max_tokens": 200,
             "stream": True}
     container = current_container()
-    prepared = await prepare(container, "generate", auth["Authorization"], body, None)
-    events = await open_events(container, prepared, NativeFormat())
-    assert (await anext(events)).name == "token"
+    principal = await container.preparation.authenticate(auth["Authorization"])
+    prepared = await container.preparation.prepare_as(GENERATE, principal, body, None)
+    events = await open_frames(container.generation, prepared, GENERATE.response_format)
+    assert (await anext(events))[0].name == "token"
     await events.aclose()  # what a client disconnect does to the view's stream
     num_prompt = len(fake_replica.state.requests[0]["input_ids"])
     charged = 10_000 - await tokens_level(tenant)
@@ -152,9 +152,11 @@ async def test_cancelled_before_the_first_token_is_charged_the_prefill(auth, ten
     body = {**BODY, "messages": [{"role": "user", "content": "[slow-prefill] Hi"}],
             "max_tokens": 200, "stream": True}
     container = current_container()
-    prepared = await prepare(container, "generate", auth["Authorization"], body, None)
-    # open_events waits for the first token (or an error before it).
-    first = asyncio.ensure_future(open_events(container, prepared, NativeFormat()))
+    principal = await container.preparation.authenticate(auth["Authorization"])
+    prepared = await container.preparation.prepare_as(GENERATE, principal, body, None)
+    # open_frames waits for the first token (or an error before it).
+    first = asyncio.ensure_future(open_frames(container.generation, prepared,
+                                                GENERATE.response_format))
     # The replica has the request: it is "prefilling".
     await async_wait_until(lambda: fake_replica.state.usage, 10.0, "the replica prefilling")
     first.cancel()  # the client goes away before the first token

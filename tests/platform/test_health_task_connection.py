@@ -7,16 +7,29 @@ from django.db import OperationalError, connection
 from models_registry.models import Replica
 from models_registry.services import register_replica
 from fleet.tasks import check_replica_health
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def _drop_other_connections() -> int:
-    """What a server restart does to every connection but this test's own."""
+    """What a server restart does to every connection but this test's own. pg_terminate_backend
+    only signals: wait until those backends are gone, or the next check may still find its
+    connection alive and the one after it meet the cut (a race seen under load)."""
     with connection.cursor() as cursor:
-        cursor.execute("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+        cursor.execute("SELECT pid FROM pg_stat_activity "
                        "WHERE datname = current_database() AND pid <> pg_backend_pid()")
-        return cursor.fetchone()[0]
+        pids = [row[0] for row in cursor.fetchall()]
+        for pid in pids:
+            cursor.execute("SELECT pg_terminate_backend(%s)", [pid])
+
+    def gone() -> bool:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = ANY(%s)", [pids])
+            return cursor.fetchone()[0] == 0
+
+    wait_until(gone, 30, "exit of the terminated backends")
+    return len(pids)
 
 
 def test_the_health_task_reconnects_after_its_connections_were_cut(model_version):

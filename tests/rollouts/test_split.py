@@ -1,5 +1,6 @@
 """The sticky split: pure functions, no database."""
 from inference.canary import choose_version, sticky_key
+from inference.endpoints import ENDPOINTS
 from inference.schemas import parse_request
 from rollouts.selectors import LiveRollout
 from inference.canary_split import NUM_BUCKETS, bucket, to_canary
@@ -41,7 +42,7 @@ def test_rollouts_and_tenants_pick_different_keys():
 
 
 def chat(messages, **extra):
-    return parse_request("chat", {"model": "m", "messages": messages, **extra})
+    return parse_request(ENDPOINTS["chat"], {"model": "m", "messages": messages, **extra})
 
 
 def test_sticky_key_follows_the_conversation():
@@ -59,8 +60,8 @@ def test_sticky_key_follows_the_conversation():
 
 
 def test_sticky_key_of_prompts_uses_the_idempotency_key_then_the_prompt():
-    a = parse_request("completions", {"model": "m", "prompt": "Once upon"})
-    b = parse_request("completions", {"model": "m", "prompt": "A different prompt"})
+    a = parse_request(ENDPOINTS["completions"], {"model": "m", "prompt": "Once upon"})
+    b = parse_request(ENDPOINTS["completions"], {"model": "m", "prompt": "A different prompt"})
     assert sticky_key(a, None, "k1") == sticky_key(b, None, "k1")
     assert sticky_key(a, None, None) != sticky_key(b, None, None)
 
