@@ -1,5 +1,5 @@
-"""Session-wide cleanup of this run's Redis keys (names are private to the run: tests.settings),
-and of the processes the tests start, also when the run is interrupted."""
+"""Session-wide cleanup of this run's Redis keys, before and after it (names are private to the
+run: tests.settings), and of the processes the tests start, also when the run is interrupted."""
 import signal
 
 import pytest
@@ -17,9 +17,7 @@ def pytest_configure(config):
         signal.signal(sig, interrupt)
 
 
-@pytest.fixture(scope="session", autouse=True)
-def _redis_cleanup():
-    yield
+def _delete_run_keys() -> None:
     from django.conf import settings
 
     if not settings.REDIS_KEY_PREFIX.startswith("llmp-test-"):
@@ -35,3 +33,14 @@ def _redis_cleanup():
         pass
     finally:
         client.close()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _redis_cleanup():
+    """Before and after the run: a run that inherits LLMP_TEST_RUN_ID (set in the shell, or by
+    a process that imported tests.settings) shares its names with the runs before it, and one
+    that was killed left its keys (counters, circuits, caches keyed by ids that the recreated
+    test database hands out again)."""
+    _delete_run_keys()
+    yield
+    _delete_run_keys()
