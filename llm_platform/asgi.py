@@ -2,10 +2,14 @@
 import gc
 import os
 
-from django.core.asgi import get_asgi_application
+import django
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "llm_platform.settings")
-django_asgi_app = get_asgi_application()
+django.setup(set_prefix=False)  # what django.core.asgi.get_asgi_application does
+
+from llm_platform.asgi_handler import InlineSignalsASGIHandler  # noqa: E402  (needs apps loaded)
+
+django_asgi_app = InlineSignalsASGIHandler()
 
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402  (needs apps loaded)
 from django.conf import settings  # noqa: E402
