@@ -224,6 +224,11 @@ def _text(value) -> str:
 
 
 _PLAIN_MAX_TOKENS = 2**62  # beyond: the serializer's own limits apply (and word the error)
+# The fields plainly_valid checks, with the constraints the serializers above give them. An
+# endpoint whose serializer declares any other field goes through the serializer only.
+_PLAIN_FIELDS = frozenset({"model", "max_tokens", "temperature", "top_p", "seed", "stop",
+                           "stream", "stream_options", "n", "messages", "prompt", "echo",
+                           "max_completion_tokens"})
 
 
 def plainly_valid(kind: "EndpointKind", body: dict) -> dict | None:
@@ -235,6 +240,8 @@ def plainly_valid(kind: "EndpointKind", body: dict) -> dict | None:
     every error and its wording stay the serializer's. Keys the serializer does not declare
     have passed `refuse_unsupported` (accepted no-ops) and are ignored, as DRF ignores them.
     tests/platform/test_schemas_fast_path.py holds both paths to the same result."""
+    if not _PLAIN_FIELDS.issuperset(kind.serializer._declared_fields):
+        return None
     try:
         model = body["model"]
         if not (isinstance(model, str) and 0 < len(model) <= 100 and model.strip() == model

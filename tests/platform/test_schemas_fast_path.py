@@ -74,3 +74,15 @@ def test_the_fast_path_agrees_with_the_serializer(kind, body, valid_core):
 ])
 def test_a_usual_request_takes_the_fast_path(kind, body):
     assert schemas.plainly_valid(ENDPOINTS[kind], body) is not None
+
+
+def test_an_endpoint_with_a_field_the_fast_path_does_not_know_takes_the_serializer():
+    from dataclasses import replace
+
+    from rest_framework import serializers
+
+    class WithSuffix(schemas.CompletionsSerializer):
+        suffix = serializers.CharField(required=False)
+
+    kind = replace(ENDPOINTS["completions"], serializer=WithSuffix)
+    assert schemas.plainly_valid(kind, {"model": "chat-small", "prompt": "Hi"}) is None
