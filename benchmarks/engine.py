@@ -1,6 +1,6 @@
 """Engine throughput: our engine vs transformers `generate` with static batches, side by side.
 
-    python -m benchmarks.engine [--out FILE.json] [--num-requests 256] [--device cpu|cuda]
+    python -m benchmarks.engine [--out FILE.json] [--num-requests 256] [--device cpu|cuda] [--vllm-only]
 
 One process, one run, the same model (the bundled SmolLM2), the same dtype and the same
 workload: long-tailed prompt and output lengths (fixed seed), half the requests starting with
@@ -14,12 +14,18 @@ fraction of it our engine reaches while its batch is full: `roofline_fraction` =
 the matrix products alone / median full-batch step, the two timed alternately (one after each
 step) so that load from other processes shifts both alike (`roofline_fraction_separate`: the
 older figure, best-of-5 roofline before the steps' mean).
+
+`--vllm-only` (a GPU machine where vLLM is installed: scripts/gpu_check.sh) runs vLLM's offline
+engine on the same workload instead, the same weights saved as a Hugging Face folder, prompts
+as token ids, greedy, `ignore_eos`, the same `--max-num-seqs`; compare its `vllm_tokens_per_s`
+with `ours_tokens_per_s` of a `--device cuda` run.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import math
+import os
 import random
 import statistics
 import sys
@@ -118,6 +124,31 @@ def measure_full_batch(engine: LLMEngine, batch: int, context_len: int, steps: i
     return out
 
 
+def run_vllm(ckpt, workload, dtype: str, max_num_seqs: int) -> dict:
+    """vLLM's offline engine on the workload (the same weights, exported as a Hugging Face
+    folder; token ids in, token ids out, no tokenizer)."""
+    import tempfile
+
+    from vllm import LLM
+    from vllm import SamplingParams as VllmSamplingParams
+
+    from replica.engine.models.hf_reference import hf_llama
+
+    with tempfile.TemporaryDirectory() as folder:
+        hf_llama(ckpt.config, ckpt.state_dict).to(resolve_dtype(dtype, "cuda")).save_pretrained(folder)
+        llm = LLM(model=folder, skip_tokenizer_init=True, dtype=dtype, max_num_seqs=max_num_seqs,
+                  gpu_memory_utilization=0.5, seed=0)
+        prompts = [{"prompt_token_ids": p} for p, _ in workload]
+        params = [VllmSamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True, detokenize=False)
+                  for _, n in workload]
+        llm.generate(prompts[:4], params[:4])  # warm-up (compilation, CUDA graphs) outside the timing
+        start = time.perf_counter()
+        outputs = llm.generate(prompts, params)
+        elapsed = time.perf_counter() - start
+    produced = sum(len(o.outputs[0].token_ids) for o in outputs)
+    return {"seconds": elapsed, "output_tokens": produced, "tokens_per_s": produced / elapsed}
+
+
 def run_baseline(hf, workload, batch_size: int, device: str, max_batches: int | None) -> dict:
     useful, computed = 0, 0
     start = time.perf_counter()
@@ -191,6 +222,8 @@ def main(argv: list[str] | None = None) -> dict:
                         help="context length of the sequences in the full-batch decode measurement")
     parser.add_argument("--full-batch-only", action="store_true",
                         help="measure the roofline and the full-batch decode only (a quick profile)")
+    parser.add_argument("--vllm-only", action="store_true",
+                        help="run vLLM's offline engine on the workload instead (GPU, vllm installed)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
 
@@ -203,6 +236,15 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"workload: {len(workload)} requests, {prompt_tokens} prompt tokens, {output_tokens} output tokens",
           file=sys.stderr)
 
+    if args.vllm_only:
+        result = {"dtype": dtype, "device": args.device, "num_requests": len(workload),
+                  "vllm": run_vllm(ckpt, workload, dtype, args.max_num_seqs), "settings": vars(args)}
+        result["vllm_tokens_per_s"] = result["vllm"]["tokens_per_s"]
+        print(f"vLLM: {result['vllm_tokens_per_s']:.1f} tok/s", file=sys.stderr)
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump(result, f, indent=2)
+        return result
     model = build_model(ckpt.config, ckpt.state_dict, dtype, args.device)
     kv_bytes = 2 * 1024**3 if args.device == "cpu" else 16 * 1024**3
     config = EngineConfig(model_path=default_model_path(), dtype=dtype, device=args.device, kv_cache_bytes=kv_bytes,
@@ -217,6 +259,7 @@ def main(argv: list[str] | None = None) -> dict:
           f"(fraction {full['roofline_fraction_interleaved']:.2f})", file=sys.stderr)
     if args.full_batch_only:
         result = {"roofline": roofline, "full_batch": full, "threads": torch.get_num_threads(),
+                  "load_average": [round(x, 2) for x in os.getloadavg()],
                   "roofline_fraction": full["roofline_fraction_interleaved"],
                   "roofline_fraction_separate": full["tokens_per_s"] / roofline["roofline_tokens_per_s"]}
         if args.out:
@@ -248,6 +291,7 @@ def main(argv: list[str] | None = None) -> dict:
         "roofline_fraction": full["roofline_fraction_interleaved"],
         "roofline_fraction_separate": full["tokens_per_s"] / roofline["roofline_tokens_per_s"],
         "threads": torch.get_num_threads(),
+        "load_average": [round(x, 2) for x in os.getloadavg()],
         "ours": ours,
         "full_batch": full,
         "baseline": baseline,

@@ -143,6 +143,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     tokenizer = load_weights_tokenizer(SMOLLM2)
     gguf = str(resolve_weights(SMOLLM2))
+    load_before = os.getloadavg()
     print("ours (platform API -> Triton replica) ...", file=sys.stderr, flush=True)
     ours, ours_info = run_ours(tokenizer, args)
     print("llama-server ...", file=sys.stderr, flush=True)
@@ -159,6 +160,8 @@ def main(argv: list[str] | None = None) -> dict:
         "cpu": cpu_model(), "cpu_count": os.cpu_count(),
         "ours": ours_info, "llama_server": peer_info,
         "scenarios": scenarios,
+        # other processes' load shifts both sides, not alike (they run one after the other)
+        "load_average": {"start": [round(x, 2) for x in load_before], "end": [round(x, 2) for x in os.getloadavg()]},
         "targets": {"single": "throughput_ratio >= 1.0", "c8": "throughput_ratio >= 2", "c32": "throughput_ratio >= 2",
                     "ttft": "ttft_p50_ratio <= 1"},
         "settings": {"scenarios": {k: dict(zip(("concurrency", "prompt_tokens", "max_tokens"), v))

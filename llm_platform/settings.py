@@ -123,6 +123,11 @@ DATABASES = {
         # out of connections under load). A psycopg pool per process bounds them instead: a
         # request borrows a connection and returns it when it closes.
         "CONN_MAX_AGE": 0,
+        # A pooled connection that PostgreSQL closed meanwhile (a restart, a failover, an idle
+        # cut) is found out when the pool lends it (psycopg_pool's check_connection), not by
+        # the query it would fail: one empty round trip per checkout, rare on the API's hot
+        # path (keys and tenant limits are cached in process).
+        "CONN_HEALTH_CHECKS": True,
         "OPTIONS": {
             "pool": {
                 "min_size": env_int("DB_POOL_MIN_SIZE", 1),

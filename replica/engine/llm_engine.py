@@ -17,7 +17,6 @@ Fault isolation (no request can kill the engine):
 from __future__ import annotations
 
 import logging
-import random
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -59,8 +58,7 @@ class EngineStats:
 
 class LLMEngine:
     def __init__(self, config: EngineConfig, model_config: ModelConfig, model: LlamaForCausalLM, tokenizer,
-                 clock: Callable[[], float] = time.monotonic, rng: random.Random | None = None,
-                 max_failed_steps: int = 3) -> None:
+                 clock: Callable[[], float] = time.monotonic, max_failed_steps: int = 3) -> None:
         self.config = config
         self.model_config = model_config
         self.tokenizer = tokenizer
@@ -81,7 +79,6 @@ class LLMEngine:
         self.eos_token_ids = tuple(model_config.eos_token_ids) or tuple(tokenizer.eos_token_ids)
         self.vocab_size = int(model_config.vocab_size)
         self.clock = clock
-        self.rng = rng or random.Random(0)
         self._seeds: dict[str, int] = {}
         self._detok: dict[str, IncrementalDetokenizer] = {}
         self._generated_tokens = 0
@@ -168,8 +165,8 @@ class LLMEngine:
             tenant=tenant,
             cache_salt=cache_salt,
         )
-        seed = sampling_params.seed
-        self._seeds[request_id] = seed if seed is not None else self.rng.getrandbits(62)
+        if sampling_params.seed is not None:  # the others share the sampler's batch generator
+            self._seeds[request_id] = sampling_params.seed
         self._detok[request_id] = IncrementalDetokenizer(self.tokenizer, prompt_token_ids, sampling_params.stop)
         self.scheduler.add_request(request)
 

@@ -1,6 +1,7 @@
 """Greedy output of our engine is token-identical to Hugging Face `generate` (same weights, same
 dtype), for every float dtype the engine runs, with the C decode-attention kernel and without it
-(the PyTorch fallback)."""
+(the PyTorch fallback), and on CUDA (both models there; skipped where no GPU is present:
+scripts/gpu_check.sh runs them on a GPU machine)."""
 from __future__ import annotations
 
 import functools
@@ -14,12 +15,17 @@ from tests.replica.tiny_llama import TINY, TINY_HD64, hf_greedy, hf_model
 from tests.replica.tiny_llama import our_engine as _our_engine
 
 GREEDY = dict(temperature=0.0, ignore_eos=True)
-# (dtype, C kernel on)
-VARIANTS = [("float32", True), ("float32", False), ("bfloat16", True), ("bfloat16", False), ("float16", True)]
+# (dtype, C kernel on, device)
+VARIANTS = [("float32", True, "cpu"), ("float32", False, "cpu"), ("bfloat16", True, "cpu"),
+            ("bfloat16", False, "cpu"), ("float16", True, "cpu"),
+            ("float32", False, "cuda"), ("bfloat16", False, "cuda"), ("float16", False, "cuda")]
 
 
-@pytest.fixture(scope="module", params=VARIANTS, ids=[f"{d}-{'native' if n else 'torch'}" for d, n in VARIANTS])
+@pytest.fixture(scope="module", params=VARIANTS,
+                ids=[f"{d}-{'native' if n else 'torch'}" + ("-cuda" if dev == "cuda" else "") for d, n, dev in VARIANTS])
 def variant(request):
+    if request.param[2] == "cuda" and not torch.cuda.is_available():
+        pytest.skip("no CUDA device here: scripts/gpu_check.sh runs these on a GPU machine")
     return request.param
 
 
@@ -31,17 +37,17 @@ def _kernel_switch(variant, monkeypatch):
 
 @pytest.fixture(scope="module")
 def hf(variant):
-    return hf_model(TINY).to(getattr(torch, variant[0]))
+    return hf_model(TINY).to(getattr(torch, variant[0])).to(variant[2])
 
 
 @pytest.fixture(scope="module")
 def state_dict(hf):
-    return {k: v.clone() for k, v in hf.state_dict().items()}
+    return {k: v.detach().cpu().clone() for k, v in hf.state_dict().items()}
 
 
 @pytest.fixture
 def our_engine(variant):
-    engine = functools.partial(_our_engine, dtype=variant[0])
+    engine = functools.partial(_our_engine, dtype=variant[0], device=variant[2])
 
     def build(*args, **kwargs):
         e = engine(*args, **kwargs)
@@ -76,7 +82,8 @@ def _assert_greedy(hf, prompts, got, max_new):
     for prompt, tokens in zip(prompts, got):
         assert len(tokens) == max_new
         with torch.no_grad():
-            logits = hf(torch.tensor([prompt + tokens[:-1]])).logits[0, len(prompt) - 1:].float()
+            ids = torch.tensor([prompt + tokens[:-1]], device=next(hf.parameters()).device)
+            logits = hf(ids).logits[0, len(prompt) - 1:].float().cpu()
         gap = logits.max(-1).values - logits[torch.arange(len(tokens)), torch.tensor(tokens)]
         ulp = torch.finfo(dtype).eps * 2.0 ** torch.floor(torch.log2(logits.abs().max()))
         assert float(gap.max()) <= 4 * ulp, (prompt, tokens, gap.tolist())
@@ -92,9 +99,9 @@ def test_batched_greedy_matches_hf(hf, state_dict, our_engine):
 def test_batched_greedy_matches_hf_at_head_dim_64(variant, our_engine):
     """SmolLM2's attention shape (head dim 64, groups of 3): the kernel's main path (bfloat16:
     compile-time shape) over contexts that cross 16-token chunks and blocks."""
-    hf64 = hf_model(TINY_HD64).to(getattr(torch, variant[0]))
+    hf64 = hf_model(TINY_HD64).to(getattr(torch, variant[0])).to(variant[2])
     prompts = _prompts(5, seed=3, shared_prefix_len=20)
-    engine = our_engine(TINY_HD64, {k: v.clone() for k, v in hf64.state_dict().items()})
+    engine = our_engine(TINY_HD64, {k: v.detach().cpu().clone() for k, v in hf64.state_dict().items()})
     got = engine.generate(prompts, SamplingParams(max_tokens=12, **GREEDY))
     _assert_greedy(hf64, prompts, got, 12)
 

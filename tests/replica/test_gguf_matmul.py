@@ -46,7 +46,8 @@ def q8_activations(x: np.ndarray) -> np.ndarray:
 
 
 @pytest.mark.parametrize("type_name", ["Q4_0", "Q4_1", "Q8_0"])
-@pytest.mark.parametrize("m,n,k", [(1, 96, 576), (3, 40, 64), (8, 17, 1536), (11, 33, 96)])
+@pytest.mark.parametrize("m,n,k", [(1, 96, 576), (3, 40, 64), (8, 17, 1536), (11, 33, 96),
+                                   (2, 640, 1024)])  # the last over PARALLEL_MIN_BYTES: both threads
 def test_block_product_equals_dequantised_reference(kernel, type_name, m, n, k):
     rng = np.random.default_rng(m * 1000 + n + k)
     blocks = random_blocks(type_name, n, k, rng)
@@ -57,6 +58,22 @@ def test_block_product_equals_dequantised_reference(kernel, type_name, m, n, k):
     np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
     exact = x.astype(np.float64) @ weight.T.astype(np.float64)  # int8 activations cost ~1%
     assert np.abs(got - exact).max() <= 0.03 * np.abs(exact).max()
+
+
+@pytest.mark.parametrize("type_name", ["Q4_0", "Q4_1", "Q8_0"])
+@pytest.mark.parametrize("m,n", [(1, 640), (5, 33)])
+def test_bfloat16_in_and_out_equals_the_float32_product_rounded(kernel, type_name, m, n):
+    """The kernel reads bf16 x and writes bf16 y itself: the same bits as the float32 product of
+    the same values rounded once (round to nearest even, as torch's .to(bfloat16))."""
+    rng = np.random.default_rng(m + n)
+    blocks = torch.from_numpy(random_blocks(type_name, n, 576, rng).copy())
+    x = torch.from_numpy(rng.normal(0, 1, (m, 576)).astype(np.float32)).bfloat16()
+    got = kernel(blocks, type_name, x, n)
+    assert got.dtype == torch.bfloat16
+    assert torch.equal(got, kernel(blocks, type_name, x.float(), n).bfloat16())
+    half = kernel(blocks, type_name, x.half(), n)  # other dtypes go through float32
+    assert half.dtype == torch.float16
+    assert torch.equal(half, kernel(blocks, type_name, x.half().float(), n).half())
 
 
 def test_unsupported_shapes_are_refused(kernel):

@@ -42,16 +42,18 @@ def hf_model(c: ModelConfig, state_dict=None, seed: int = 0):
 
 
 def hf_greedy(model, prompt: list[int], max_new_tokens: int) -> list[int]:
+    device = next(model.parameters()).device
     with torch.no_grad():
         out = model.generate(
-            torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+            torch.tensor([prompt], device=device), attention_mask=torch.ones(1, len(prompt), dtype=torch.long, device=device),
             max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=None, pad_token_id=0,
         )
     return out[0, len(prompt):].tolist()
 
 
 def our_engine(c: ModelConfig, state_dict, *, kv_cache_bytes=1 << 20, dtype: str = "float32",
-               **engine_kwargs) -> LLMEngine:
-    config = EngineConfig(model_path="<memory>", dtype=dtype, kv_cache_bytes=kv_cache_bytes, **engine_kwargs)
-    model = build_model(c, state_dict, dtype, "cpu")
+               device: str = "cpu", **engine_kwargs) -> LLMEngine:
+    config = EngineConfig(model_path="<memory>", dtype=dtype, kv_cache_bytes=kv_cache_bytes, device=device,
+                          **engine_kwargs)
+    model = build_model(c, state_dict, dtype, device)
     return LLMEngine(config, c, model, ByteDecoder())

@@ -82,10 +82,20 @@ class GGUFLinear(nn.Module):
         self.type_name = block.type_name
         self.kernel = kernel
         self.kernel_max_rows = KERNEL_MAX_ROWS if kernel is not None else 0
+        self._bind()
+
+    def _bind(self) -> None:
+        kernel = self.kernel
+        self._product = kernel.bind(self.blocks, self.type_name, self.out_features) if kernel is not None else None
+
+    def _apply(self, fn, *args, **kwargs):  # .to() / .cpu() may replace the blocks: bind to the new ones
+        out = super()._apply(fn, *args, **kwargs)
+        self._bind()
+        return out
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[0] <= self.kernel_max_rows and x.device.type == "cpu":
-            return self.kernel(self.blocks, self.type_name, x, self.out_features).to(x.dtype)
+            return self._product(x)  # in x's dtype
         return nn.functional.linear(x, self.weight)
 
     def extra_repr(self) -> str:

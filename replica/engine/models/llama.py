@@ -12,21 +12,36 @@ import torch
 from torch import nn
 
 from replica.engine.config import ModelConfig
+from replica.engine.runner import native
 from replica.engine.runner.attention import AttentionMetadata, paged_attention, write_kv
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, hidden_size: int, eps: float) -> None:
+    def __init__(self, hidden_size: int, eps: float, kernel: native.RMSNormKernel | None = None) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(hidden_size))
         self.eps = eps
+        self.kernel = kernel  # bfloat16 on the CPU: one C pass (runner/csrc/rms_norm.c)
+
+    def _fused(self, x: torch.Tensor) -> bool:
+        return (self.kernel is not None and x.dtype == torch.bfloat16 and x.device.type == "cpu"
+                and self.weight.dtype == torch.bfloat16 and x.dim() == 2)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self._fused(x):
+            return self.kernel(x, self.weight, self.eps)[1]
         if x.dtype == torch.float32:  # one fused kernel; the same arithmetic as below
             return torch.nn.functional.rms_norm(x, self.weight.shape, self.weight, self.eps)
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * x32.to(x.dtype)
+
+    def add_and_norm(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x + residual, RMSNorm(x + residual)): one C pass in bfloat16 on the CPU."""
+        if self._fused(x):
+            return self.kernel(x, self.weight, self.eps, residual)
+        h = x + residual
+        return h, self(h)
 
 
 def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
@@ -111,24 +126,26 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, norm_kernel: native.RMSNormKernel | None = None) -> None:
         super().__init__()
         self.self_attn = Attention(config)
         self.mlp = MLP(config)
-        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, norm_kernel)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, norm_kernel)
 
     def forward(self, x, cos, sin, k_pool, v_pool, meta):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, k_pool, v_pool, meta)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        attn = self.self_attn(self.input_layernorm(x), cos, sin, k_pool, v_pool, meta)
+        x, normed = self.post_attention_layernorm.add_and_norm(x, attn)  # the residual add fused in
+        return x + self.mlp(normed)
 
 
 class LlamaBody(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
+        norm_kernel = native.load_rms_norm()  # None: no compiler, or LLM_PLATFORM_NO_NATIVE
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_layers))
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.layers = nn.ModuleList(DecoderLayer(config, norm_kernel) for _ in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, norm_kernel)
 
 
 class LlamaForCausalLM(nn.Module):

@@ -140,7 +140,7 @@ class ModelRunner:
         )
 
     @torch.inference_mode()
-    def execute(self, out: SchedulerOutput, seeds: dict[str, int]) -> RunnerOutput:
+    def execute(self, out: SchedulerOutput, seeds: dict[str, int]) -> RunnerOutput:  # seeds: requests that set one
         """Run one step; sample a token for every request that reached its frontier."""
         step = self._prepare(out)
         logits = self.model(step.input_ids, step.positions, self.kv_pools, step.attention, step.logits_idx)
@@ -151,7 +151,7 @@ class ModelRunner:
         tokens = self.sampler.sample(
             logits.cpu(),
             [r.sampling_params for r in requests],
-            [seeds[r.request_id] for r in requests],
+            [seeds.get(r.request_id) for r in requests],  # only requests that set a seed have one
             [r.num_output_tokens for r in requests],
         )
         for request, token in zip(requests, tokens):

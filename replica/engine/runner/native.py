@@ -1,6 +1,6 @@
 """The C kernels (csrc/), compiled once per machine and source: decode attention
-(paged_attention.c), the GGUF-block matrix product (gguf_matmul.c) and the batch's greedy picks
-(row_argmax.c).
+(paged_attention.c), the GGUF-block matrix product (gguf_matmul.c), the batch's greedy picks
+(row_argmax.c) and bfloat16 RMSNorm with the residual add (rms_norm.c).
 
 Decode attention reads K/V pools of float32, bfloat16 or float16 (`KV_DTYPES`) where they lie and
 computes in float32; queries go in as float32 and the output comes back in the query's dtype.
@@ -106,25 +106,42 @@ def load(portable: bool = False) -> NativeAttention | None:
 
 
 class GGUFMatmul:
-    """y = x @ W^T with W in GGUF Q4_0 / Q4_1 / Q8_0 blocks (csrc/gguf_matmul.c)."""
+    """y = x @ W^T with W in GGUF Q4_0 / Q4_1 / Q8_0 blocks (csrc/gguf_matmul.c). x and y in
+    float32 or bfloat16 go straight through (the kernel reads and writes them); other dtypes
+    through float32."""
 
     TYPES = {"Q4_0": 2, "Q4_1": 3, "Q8_0": 8}
+    IO_DTYPES = {torch.float32: 0, torch.bfloat16: 1}
 
     def __init__(self, lib: ctypes.CDLL) -> None:
         fn = lib.gguf_matmul
         fn.restype = ctypes.c_int
-        fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p] + [ctypes.c_int64] * 4
+        fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p] + [ctypes.c_int64] * 5
         self._fn = fn
 
     def __call__(self, blocks: torch.Tensor, type_name: str, x: torch.Tensor, out_features: int) -> torch.Tensor:
-        """blocks: uint8 [N, row bytes] contiguous; x: [M, K] (any float dtype) -> [M, N] float32."""
-        x32 = x.to(torch.float32).contiguous()
-        y = torch.empty(x32.shape[0], out_features, dtype=torch.float32)
-        status = self._fn(blocks.data_ptr(), self.TYPES[type_name], x32.data_ptr(), y.data_ptr(),
-                          x32.shape[0], out_features, x32.shape[1], torch.get_num_threads())
-        if status != 0:
-            raise ValueError(f"gguf_matmul: unsupported {type_name} or shape {tuple(x.shape)}")
-        return y
+        """blocks: uint8 [N, row bytes] contiguous; x: [M, K] (any float dtype) -> [M, N] in x's dtype."""
+        return self.bind(blocks, type_name, out_features)(x)
+
+    def bind(self, blocks: torch.Tensor, type_name: str, out_features: int):
+        """The product with these blocks as a one-argument function of x (decode's hot path: the
+        per-call work is one output allocation and one C call)."""
+        fn, w, type_id = self._fn, blocks.data_ptr(), self.TYPES[type_name]
+
+        def matmul(x: torch.Tensor) -> torch.Tensor:
+            io = self.IO_DTYPES.get(x.dtype)
+            if io is None:  # e.g. float16: through float32
+                return matmul(x.to(torch.float32)).to(x.dtype)
+            if not x.is_contiguous():
+                x = x.contiguous()
+            y = torch.empty(x.shape[0], out_features, dtype=x.dtype)
+            if fn(w, type_id, x.data_ptr(), y.data_ptr(), x.shape[0], out_features, x.shape[1],
+                  torch.get_num_threads(), io) != 0:
+                raise ValueError(f"gguf_matmul: unsupported {type_name} or shape {tuple(x.shape)}")
+            return y
+
+        matmul.blocks = blocks  # the closure reads blocks' memory: keep it alive with it
+        return matmul
 
 
 def load_gguf_matmul(portable: bool = False) -> GGUFMatmul | None:
@@ -157,3 +174,35 @@ class RowArgmax:
 def load_row_argmax(portable: bool = False) -> RowArgmax | None:
     lib = _library(_CSRC / "row_argmax.c", portable)
     return None if lib is None else RowArgmax(lib)
+
+
+class RMSNormKernel:
+    """bfloat16 RMSNorm, optionally after the residual add, in one pass (csrc/rms_norm.c): the
+    same roundings as the model's PyTorch path."""
+
+    def __init__(self, lib: ctypes.CDLL) -> None:
+        fn = lib.rms_norm_bf16
+        fn.restype = ctypes.c_int
+        fn.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 2 + [ctypes.c_float]
+        self._fn = fn
+
+    def __call__(self, x: torch.Tensor, weight: torch.Tensor, eps: float,
+                 residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """x, residual: [rows, hidden] bfloat16; weight: [hidden] bfloat16 -> (h, normed): h = x +
+        residual (x itself without residual), normed = RMSNorm(h)."""
+        x = x.contiguous()
+        out = torch.empty_like(x)
+        h = x
+        if residual is not None:
+            residual = residual.contiguous()
+            h = torch.empty_like(x)
+        rows, hidden = x.shape
+        if self._fn(x.data_ptr(), None if residual is None else residual.data_ptr(), weight.data_ptr(),
+                    None if residual is None else h.data_ptr(), out.data_ptr(), rows, hidden, eps) != 0:
+            raise ValueError(f"rms_norm_bf16: hidden size {hidden} beyond the kernel's limit")
+        return h, out
+
+
+def load_rms_norm(portable: bool = False) -> RMSNormKernel | None:
+    lib = _library(_CSRC / "rms_norm.c", portable)
+    return None if lib is None else RMSNormKernel(lib)

@@ -1,8 +1,11 @@
 """Token sampling: greedy, temperature, top-k, top-p, with per-request reproducible seeds.
 
-A seeded request draws its i-th token from a generator seeded by (seed, i), so its output
-depends only on its seed and its own logits: not on batch composition, step timing or
-preemption and recompute.
+The whole batch in one pass: greedy picks (and the fitness check) for every row at once, then
+temperature / top-k / top-p for all non-greedy rows as batched tensor ops and one uniform draw
+per row through the inverse CDF (`sample_rows`). A seeded request draws its i-th token from a
+generator seeded by (seed, i), so its output depends only on its seed and its own logits: not on
+batch composition, step timing or preemption and recompute. Requests without a seed share one
+generator (the sampler's), one draw per step.
 
 Invariants (no request's values can fail another's, or the step):
 - sampling computes in float32 whatever the model's dtype;
@@ -17,7 +20,6 @@ Invariants (no request's values can fail another's, or the step):
 from __future__ import annotations
 
 import logging
-import math
 from dataclasses import dataclass
 
 import torch
@@ -25,6 +27,7 @@ import torch
 from replica.engine.sampling_params import SamplingParams
 
 _MASK64 = (1 << 63) - 1
+NUCLEUS_CANDIDATES = 1024  # top-p looks among this many most likely tokens before sorting a row whole
 _log = logging.getLogger(__name__)
 
 
@@ -41,45 +44,95 @@ def _generator(seed: int, index: int) -> torch.Generator:
     return g
 
 
-def sample_one(logits: torch.Tensor, params: SamplingParams, seed: int, index: int) -> int:
-    """logits: [vocab] of one request, finite or -inf (checked by the caller)."""
-    logits = logits.float()
-    if params.greedy:
-        return int(torch.argmax(logits))
-    scaled = logits / params.temperature
-    vocab = scaled.shape[-1]
-    if 0 < params.top_k < vocab:
-        kth = torch.topk(scaled, params.top_k).values[-1]
+def sample_rows(
+    logits: torch.Tensor,  # [R, vocab] float32, finite or -inf (checked by the caller)
+    params: list[SamplingParams],  # none greedy
+    seeds: list[int | None],
+    indices: list[int],
+    batch_generator: torch.Generator,
+    greedy: list[int],  # each row's argmax: the fallback of a degenerate distribution
+) -> list[int]:
+    """Temperature, top-k and top-p for all rows in one pass of batched tensor ops, then one
+    uniform draw per row through the inverse CDF. A seeded row draws from its own (seed, index)
+    generator, so its token depends only on its seed and its own logits; the other rows share
+    one draw from `batch_generator`."""
+    rows, vocab = logits.shape
+    scaled = logits / torch.tensor([p.temperature for p in params], dtype=torch.float32).unsqueeze(1)
+    ks = [p.top_k if 0 < p.top_k < vocab else 0 for p in params]
+    if any(ks):
+        kth = torch.topk(scaled, max(ks), dim=-1).values.gather(1, torch.tensor([[max(k, 1) - 1] for k in ks]))
+        kth[torch.tensor([k == 0 for k in ks])] = float("-inf")  # rows without top-k keep all
         scaled = scaled.masked_fill(scaled < kth, float("-inf"))
     probs = torch.softmax(scaled, dim=-1)
-    generator = _generator(seed, index)
-    if params.top_p < 1.0:
-        sorted_probs, sorted_idx = torch.sort(probs, descending=True)
-        cumulative = torch.cumsum(sorted_probs, dim=-1)
-        # keep the smallest set whose mass reaches top_p (the first token is always kept)
-        drop = cumulative - sorted_probs >= params.top_p
-        sorted_probs = sorted_probs.masked_fill(drop, 0.0)
-        if not _is_distribution(sorted_probs):
-            return int(torch.argmax(logits))
-        choice = torch.multinomial(sorted_probs, 1, generator=generator)
-        return int(sorted_idx[choice])
-    if not _is_distribution(probs):
-        return int(torch.argmax(logits))
-    return int(torch.multinomial(probs, 1, generator=generator))
+    u = torch.empty(rows, dtype=torch.float32)
+    unseeded = [i for i, s in enumerate(seeds) if s is None]
+    if unseeded:
+        u[unseeded] = torch.rand(len(unseeded), generator=batch_generator)
+    for i, seed in enumerate(seeds):
+        if seed is not None:
+            u[i] = torch.rand(1, generator=_generator(seed, indices[i]))[0]
+    tokens = [0] * rows
+    nucleus = [i for i, p in enumerate(params) if p.top_p < 1.0]
+    whole = [i for i, p in enumerate(params) if p.top_p >= 1.0]
+    if whole:
+        _draw(probs[whole], u[whole], None, [greedy[i] for i in whole], tokens, whole)
+    if nucleus:
+        # The nucleus usually lies within the most likely few hundred tokens: look there first
+        # (topk), and sort the whole vocabulary only for rows whose candidates fall short of top_p.
+        top_p = torch.tensor([[params[i].top_p] for i in nucleus], dtype=torch.float32)
+        sub = probs[nucleus]
+        cand_probs, cand_order = torch.topk(sub, min(vocab, NUCLEUS_CANDIDATES), dim=-1, sorted=True)
+        enough = (cand_probs.sum(-1, keepdim=True) >= top_p).squeeze(1).tolist()
+        short = [j for j, ok in enumerate(enough) if not ok]
+        groups = [([j for j, ok in enumerate(enough) if ok], cand_probs, cand_order)]
+        if short:
+            groups.append((short, *torch.sort(sub[short], dim=-1, descending=True, stable=True)))
+        for members, ranked, order in groups:
+            if not members:
+                continue
+            if len(members) < ranked.shape[0]:
+                ranked, order = ranked[members], order[members]
+            # keep the smallest set whose mass reaches top_p (the first token is always kept)
+            ranked = ranked.masked_fill(torch.cumsum(ranked, dim=-1) - ranked >= top_p[members], 0.0)
+            rows = [nucleus[j] for j in members]
+            _draw(ranked, u[rows], order, [greedy[i] for i in rows], tokens, rows)
+    return tokens
 
 
-def _is_distribution(probs: torch.Tensor) -> bool:
-    """What torch.multinomial accepts: finite, non-negative, some positive mass."""
-    total = float(probs.sum())
-    return math.isfinite(total) and total > 0.0 and bool(torch.isfinite(probs).all()) \
-        and not bool((probs < 0).any())
+def _draw(dist: torch.Tensor, u: torch.Tensor, order: torch.Tensor | None, greedy: list[int],
+          tokens: list[int], rows: list[int]) -> None:
+    """Row i's token: the first index where dist's running sum exceeds u[i] x its total (so never
+    a zero-probability one), mapped through `order`; a row with no finite positive mass (NaN from
+    an overflowing temperature, all masked) takes its greedy token."""
+    cum = torch.cumsum(dist, dim=-1)
+    total = cum[:, -1]
+    fit = (torch.isfinite(total) & (total > 0)).tolist()
+    # strictly below the total, whatever the rounding of u x total: the pick is a real token
+    target = torch.minimum(u * total, torch.nextafter(total, torch.zeros_like(total)))
+    picks = torch.searchsorted(cum, target.unsqueeze(1), right=True).clamp_(max=dist.shape[1] - 1)
+    if order is not None:
+        picks = order.gather(1, picks)
+    for j, (row, pick) in enumerate(zip(rows, picks.squeeze(1).tolist())):
+        tokens[row] = pick if fit[j] else greedy[j]
+
+
+def sample_one(logits: torch.Tensor, params: SamplingParams, seed: int | None, index: int,
+               batch_generator: torch.Generator | None = None) -> int:
+    """One request's token (the batch pass on one row). logits: [vocab], finite or -inf."""
+    logits = logits.float()
+    greedy = int(torch.argmax(logits))
+    if params.greedy:
+        return greedy
+    return sample_rows(logits.unsqueeze(0), [params], [seed], [index], batch_generator or torch.Generator(), [greedy])[0]
 
 
 class Sampler:
-    def __init__(self, row_argmax=None) -> None:
+    def __init__(self, row_argmax=None, seed: int = 0) -> None:
         """row_argmax: a native.RowArgmax (greedy picks and the fitness check in one pass over
-        the batch's logits); None: the same answers from torch.amax and torch.argmax."""
+        the batch's logits); None: the same answers from torch.amax and torch.argmax. `seed`:
+        of the generator that requests without a seed of their own share."""
         self.row_argmax = row_argmax
+        self.batch_generator = torch.Generator().manual_seed(seed)
 
     def _argmax_and_bad_rows(self, logits: torch.Tensor) -> tuple[list[int], list[bool]]:
         if self.row_argmax is not None:
@@ -94,24 +147,35 @@ class Sampler:
         self,
         logits: torch.Tensor,  # [S, vocab]
         params: list[SamplingParams],
-        seeds: list[int],
+        seeds: list[int | None],  # None: the request set no seed (it draws from the batch generator)
         indices: list[int],  # how many tokens each request has generated so far
     ) -> list[int | SampleError]:
         """One token per row, or a SampleError for a row that cannot be sampled."""
         logits = logits.float()
         argmax, bad_rows = self._argmax_and_bad_rows(logits)  # one pass for every row
         tokens: list[int | SampleError] = list(argmax)
+        random_rows = []
         for row, p in enumerate(params):
             if bad_rows[row]:
                 tokens[row] = SampleError("the model produced non-finite logits")
             elif not p.greedy:
-                tokens[row] = self._sample_row(logits[row], p, seeds[row], indices[row])
+                random_rows.append(row)
+        if not random_rows:
+            return tokens
+        try:
+            picks = sample_rows(logits[random_rows], [params[r] for r in random_rows], [seeds[r] for r in random_rows],
+                                [indices[r] for r in random_rows], self.batch_generator,
+                                [argmax[r] for r in random_rows])
+        except Exception:  # noqa: BLE001 - one row's failure must not fail the batch: row by row
+            _log.exception("sampling the batch failed; sampling its rows one by one")
+            picks = [self._sample_row(logits[r], params[r], seeds[r], indices[r]) for r in random_rows]
+        for row, pick in zip(random_rows, picks):
+            tokens[row] = pick
         return tokens
 
-    @staticmethod
-    def _sample_row(logits: torch.Tensor, params: SamplingParams, seed: int, index: int) -> int | SampleError:
+    def _sample_row(self, logits: torch.Tensor, params: SamplingParams, seed: int | None, index: int) -> int | SampleError:
         try:
-            return sample_one(logits, params, seed, index)
-        except Exception as exc:  # noqa: BLE001 - one row's failure must not fail the batch
+            return sample_one(logits, params, seed, index, self.batch_generator)
+        except Exception as exc:  # noqa: BLE001 - one row's failure must not fail the row's batch
             _log.exception("sampling failed for one row (%s)", params)
             return SampleError(f"sampling failed: {exc!r}")

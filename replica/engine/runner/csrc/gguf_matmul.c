@@ -8,7 +8,10 @@
  *   Q4_0 (w = d*(q-8)):  d_w d_x (sum(q x_q) - 8 sum(x_q))
  *   Q8_0 (w = d*q):      d_w d_x sum(q x_q)     (|q| as unsigned, x_q with q's sign)
  * Layouts: W [N rows][K/32 blocks] of the type's records (GGUF order: rows along ne[1]); x, y
- * row-major float32 [M, K] and [M, N]. K a multiple of 32. Parallel over output rows (N).
+ * row-major [M, K] and [M, N], both float32 or both bfloat16 (`io_dtype` 0 / 1: the model's
+ * own activations, so the caller converts nothing; y rounded to nearest even once). K a
+ * multiple of 32. Parallel over output rows (N) where the matrix is big enough to pay for
+ * waking a second thread (PARALLEL_MIN_BYTES).
  * A portable C path computes the same integer sums where AVX512-VNNI is absent (or with
  * -DNATIVE_PORTABLE).
  */
@@ -20,6 +23,9 @@
 enum { GGML_Q4_0 = 2, GGML_Q4_1 = 3, GGML_Q8_0 = 8 };
 #define QK 32
 #define ROWS_PER_PASS 8
+/* below this many weight bytes one thread does the whole matrix: waking the team costs more */
+#define PARALLEL_MIN_BYTES (64 * 1024)
+enum { IO_F32 = 0, IO_BF16 = 1 };
 
 typedef struct { uint16_t d; uint8_t qs[16]; } __attribute__((packed)) block_q4_0;
 typedef struct { uint16_t d, m; uint8_t qs[16]; } __attribute__((packed)) block_q4_1;
@@ -108,10 +114,25 @@ static inline __attribute__((always_inline)) int64_t one_row(const uint8_t *wrow
 #define HAVE_VNNI 0
 #endif
 
-/* x [M, K] -> xq int8 [M, K], xd [M, K/32] scales, xs [M, K/32] = xd * sum of the block's xq */
-static void quantize_rows(const float *x, int64_t M, int64_t K, int8_t *xq, float *xd, float *xs) {
+static inline float bf16_to_float(uint16_t h) {
+    union { uint32_t u; float f; } v = {.u = (uint32_t)h << 16};
+    return v.f;
+}
+
+static inline uint16_t float_to_bf16(float f) { /* round to nearest even, as torch's .to(bfloat16) */
+    union { float f; uint32_t u; } v = {.f = f};
+    if ((v.u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((v.u >> 16) | 0x40); /* NaN stays a quiet NaN */
+    return (uint16_t)((v.u + 0x7fffu + ((v.u >> 16) & 1u)) >> 16);
+}
+
+/* x [M, K] (io_dtype) -> xq int8 [M, K], xd [M, K/32] scales, xs [M, K/32] = xd * sum of the block's xq */
+static void quantize_rows(const void *x, int io_dtype, int64_t M, int64_t K, int8_t *xq, float *xd, float *xs) {
+    float v[QK];
     for (int64_t i = 0; i < M * K / QK; i++) {
-        const float *v = x + i * QK;
+        if (io_dtype == IO_BF16)
+            for (int j = 0; j < QK; j++) v[j] = bf16_to_float(((const uint16_t *)x)[i * QK + j]);
+        else
+            memcpy(v, (const float *)x + i * QK, sizeof v);
         float amax = 0.f;
         for (int j = 0; j < QK; j++) amax = fabsf(v[j]) > amax ? fabsf(v[j]) : amax;
         const float d = amax / 127.f, inv = d ? 1.f / d : 0.f;
@@ -144,16 +165,18 @@ static inline int64_t block_bytes(int type) {
                                                                                : (int64_t)sizeof(block_q8_0);
 }
 
-/* Returns 0, or -1 for an unsupported type or shape. */
-int gguf_matmul(const void *w, int64_t type, const float *x, float *y, int64_t M, int64_t N, int64_t K,
-                int64_t num_threads) {
+/* Returns 0, or -1 for an unsupported type, io_dtype or shape. */
+int gguf_matmul(const void *w, int64_t type, const void *x, void *y, int64_t M, int64_t N, int64_t K,
+                int64_t num_threads, int64_t io_dtype) {
     if ((type != GGML_Q4_0 && type != GGML_Q4_1 && type != GGML_Q8_0) || K % QK || M < 1) return -1;
+    if (io_dtype != IO_F32 && io_dtype != IO_BF16) return -1;
     const int64_t nb = K / QK, bsz = block_bytes((int)type), row_bytes = nb * bsz;
     int8_t *xq = malloc((size_t)(M * K));
     float *xd = malloc(sizeof(float) * (size_t)(M * nb)), *xs = malloc(sizeof(float) * (size_t)(M * nb));
     if (!xq || !xd || !xs) { free(xq); free(xd); free(xs); return -1; }
-    quantize_rows(x, M, K, xq, xd, xs);
-#pragma omp parallel for schedule(static) num_threads(num_threads)
+    quantize_rows(x, (int)io_dtype, M, K, xq, xd, xs);
+    const int parallel = num_threads > 1 && N * row_bytes >= PARALLEL_MIN_BYTES;
+#pragma omp parallel for schedule(static) num_threads(num_threads) if(parallel)
     for (int64_t n = 0; n < N; n++) {
         const uint8_t *wrow = (const uint8_t *)w + n * row_bytes;
         for (int64_t m0 = 0; m0 < M; m0 += ROWS_PER_PASS) {
@@ -201,10 +224,12 @@ int gguf_matmul(const void *w, int64_t type, const float *x, float *y, int64_t M
             }
             for (int64_t r = 0; r < rows; r++) {
 #if HAVE_VNNI
-                y[(m0 + r) * N + n] = hsum8(acc[r]) + scalar[r];
+                const float value = hsum8(acc[r]) + scalar[r];
 #else
-                y[(m0 + r) * N + n] = scalar[r];
+                const float value = scalar[r];
 #endif
+                if (io_dtype == IO_BF16) ((uint16_t *)y)[(m0 + r) * N + n] = float_to_bf16(value);
+                else ((float *)y)[(m0 + r) * N + n] = value;
             }
         }
     }
