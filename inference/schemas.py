@@ -186,20 +186,131 @@ def _unbind(field: serializers.Field) -> None:
         _unbind(child)
 
 
+class _NotPlain(Exception):
+    """A value the fast path is not sure about: the serializer decides."""
+
+
+def _int(value, low: int, high: int | None = None):
+    if value is None:
+        return None
+    if type(value) is not int or value < low or (high is not None and value > high):
+        raise _NotPlain
+    return value
+
+
+def _float(value, low: float, high: float, *, above_low: bool = False):
+    if value is None:
+        return None
+    if type(value) not in (int, float) or not (low <= value <= high) or (
+            above_low and value == low):
+        raise _NotPlain
+    return float(value)
+
+
+def _bool(value):
+    if value is not None and type(value) is not bool:
+        raise _NotPlain
+    return value
+
+
+def _text(value) -> str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list) and all(
+            type(part) is dict and part.get("type") == "text" and isinstance(part.get("text"), str)
+            for part in value):
+        return "".join(part["text"] for part in value)
+    raise _NotPlain
+
+
+_PLAIN_MAX_TOKENS = 2**62  # beyond: the serializer's own limits apply (and word the error)
+# The fields plainly_valid checks, with the constraints the serializers above give them. An
+# endpoint whose serializer declares any other field goes through the serializer only.
+_PLAIN_FIELDS = frozenset({"model", "max_tokens", "temperature", "top_p", "seed", "stop",
+                           "stream", "stream_options", "n", "messages", "prompt", "echo",
+                           "max_completion_tokens"})
+
+
+def plainly_valid(kind: "EndpointKind", body: dict) -> dict | None:
+    """The serializer's `validated_data` for a body that is plainly valid (the usual request),
+    checked in plain Python: DRF builds and deep-copies every field of the serializer per
+    request (about a tenth of a short request's CPU in the profile, benchmarks/README.md
+    "gateway"). None for anything else, invalid or merely unusual (a model name with
+    surrounding spaces, a huge integer, a missing field): `kind.serializer` then decides, so
+    every error and its wording stay the serializer's. Keys the serializer does not declare
+    have passed `refuse_unsupported` (accepted no-ops) and are ignored, as DRF ignores them.
+    tests/platform/test_schemas_fast_path.py holds both paths to the same result."""
+    if not _PLAIN_FIELDS.issuperset(kind.serializer._declared_fields):
+        return None
+    try:
+        model = body["model"]
+        if not (isinstance(model, str) and 0 < len(model) <= 100 and model.strip() == model
+                and model.isprintable()):
+            raise _NotPlain
+        data = {"model": model,
+                "max_tokens": _int(body.get("max_tokens"), 1, _PLAIN_MAX_TOKENS),
+                "temperature": _float(body.get("temperature"), 0.0, 2.0),
+                "top_p": _float(body.get("top_p"), 0.0, 1.0, above_low=True),
+                "seed": _int(body.get("seed"), SEED_MIN, SEED_MAX),
+                "stream": _bool(body.get("stream")),
+                "n": _int(body.get("n"), 1, 1)}
+        stop = body.get("stop")
+        if isinstance(stop, str):
+            stop = [stop]
+        if stop is not None:
+            if not (type(stop) is list and len(stop) <= MAX_STOP_SEQUENCES
+                    and all(isinstance(s, str) and s for s in stop)):
+                raise _NotPlain
+            data["stop"] = tuple(stop)
+        stream_options = body.get("stream_options")
+        if stream_options is not None:
+            if type(stream_options) is not dict:
+                raise _NotPlain
+            data["stream_options"] = {
+                "include_usage": bool(_bool(stream_options.get("include_usage")))}
+        if kind.takes_messages:
+            messages = body["messages"]
+            if type(messages) is not list or not 1 <= len(messages) <= 1024:
+                raise _NotPlain
+            plain = []
+            for message in messages:
+                if type(message) is not dict or message.get("role") not in ROLES or not \
+                        isinstance(message["role"], str):
+                    raise _NotPlain
+                plain.append({"role": message["role"], "content": _text(message["content"])})
+            data["messages"] = plain
+        else:
+            prompt = body["prompt"]
+            if type(prompt) is list and len(prompt) == 1:
+                prompt = prompt[0]
+            if not isinstance(prompt, str) or prompt == "" or body.get("echo"):
+                raise _NotPlain
+            if body.get("echo") is not None and type(body["echo"]) is not bool:
+                raise _NotPlain
+            data["prompt"] = prompt
+        for name in kind.max_tokens_overrides:
+            data[name] = _int(body.get(name), 1, _PLAIN_MAX_TOKENS)
+    except (_NotPlain, KeyError):
+        return None
+    return data
+
+
 def parse_request(kind: "EndpointKind", body: object) -> GenerationRequest:
     """Validate a decoded JSON body for the endpoint `kind`, or raise InvalidRequest (400)."""
     if not isinstance(body, dict):
         raise InvalidRequest("The request body must be a JSON object.")
-    serializer = kind.serializer(data=body)
-    try:
-        refuse_unsupported(body, serializer.fields, kind.no_ops, openai=kind.openai)
-        if not serializer.is_valid():
-            param, message = _first_error(serializer.errors)
-            raise InvalidRequest(f"{param}: {message}" if param else message,
-                                 param=param or None)
-        data = serializer.validated_data
-    finally:
-        _unbind(serializer)
+    refuse_unsupported(body, kind.serializer._declared_fields, kind.no_ops, openai=kind.openai)
+    data = plainly_valid(kind, body)
+    if data is None:  # not plainly valid: the serializer decides, and words the error
+        serializer = kind.serializer(data=body)
+        try:
+            if not serializer.is_valid():
+                param, message = _first_error(serializer.errors)
+                raise InvalidRequest(f"{param}: {message}" if param else message,
+                                     param=param or None)
+            data = serializer.validated_data
+        finally:
+            _unbind(serializer)
     max_tokens = data.get("max_tokens")
     for name in kind.max_tokens_overrides:
         if data.get(name) is not None:

@@ -2,10 +2,19 @@
 import gc
 import os
 
-from django.core.asgi import get_asgi_application
+import django
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "llm_platform.settings")
-django_asgi_app = get_asgi_application()
+django.setup(set_prefix=False)  # what django.core.asgi.get_asgi_application does
+
+from django.core.handlers.asgi import ASGIHandler  # noqa: E402
+
+from llm_platform.asgi_handler import InlineSignalsASGIHandler  # noqa: E402  (needs apps loaded)
+
+# InlineSignalsASGIHandler.handle follows Django 5.2's own (two lines changed): any other Django
+# gets Django's handler unchanged rather than a method written for another version.
+django_asgi_app = (InlineSignalsASGIHandler() if django.VERSION[:2] == (5, 2)
+                   else ASGIHandler())
 
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402  (needs apps loaded)
 from django.conf import settings  # noqa: E402
