@@ -82,9 +82,22 @@ def consumer_throughput(tenant, key, version, num_events: int, batch_size: int) 
     return num_events / elapsed
 
 
+async def _nothing_to_finish(results) -> None:
+    return None
+
+
 class NullRecorder:
+    """The recorder's interface (billing.stream.UsageRecorder), recording nothing: the request
+    path without metering, for the side-by-side cost."""
+
     async def record(self, event) -> None:
         return None
+
+    def queue_pending(self, pipe, event, lease):
+        return _nothing_to_finish
+
+    def queue_final(self, batch, event, lease):
+        return _nothing_to_finish
 
     async def close(self) -> None:
         return None
