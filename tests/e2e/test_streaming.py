@@ -52,17 +52,16 @@ def test_sse_disconnect_cancels_on_the_replica(fleet):
         with client.stream("POST", fleet.base_url + "/v1/generate", json={**LONG, "stream": True},
                            headers=fleet.auth) as response:
             assert response.status_code == 200
-            seen = 0
             for line in response.iter_lines():
                 if line.startswith("event: token"):
-                    seen += 1
-                if seen == 3:
-                    # Still reading: the sequence runs. (Leaving the loop closes the stream.)
+                    # The first token leaves alone, at once (later events carry whatever arrived
+                    # together, so a sampled story may already have ended by a third event):
+                    # still reading, the sequence runs. (Leaving the loop closes the stream.)
                     assert fleet.replica.active_seqs() >= 1
                     break
     wait_for(lambda: fleet.replica.active_seqs() == 0, "the replica's sequences to end")
     row = wait_for(_cancelled_usage, "the cancelled request's usage row")
-    assert 3 <= row.output_tokens < 2000
+    assert 1 <= row.output_tokens < 2000
 
 
 def _ws_url(fleet) -> str:
