@@ -56,8 +56,11 @@ def test_sse_disconnect_cancels_on_the_replica(fleet):
                 if line.startswith("event: token"):
                     # The first token leaves alone, at once (later events carry whatever arrived
                     # together, so a sampled story may already have ended by a third event):
-                    # still reading, the sequence runs. (Leaving the loop closes the stream.)
-                    assert fleet.replica.active_seqs() >= 1
+                    # still reading, the sequence runs. The replica publishes its gauges from a
+                    # sender thread after each step, so the gauge may trail the token: wait for
+                    # it. (Leaving the loop closes the stream.)
+                    wait_for(lambda: fleet.replica.active_seqs() >= 1,
+                             "the running sequence on the replica's gauge")
                     break
     wait_for(lambda: fleet.replica.active_seqs() == 0, "the replica's sequences to end")
     row = wait_for(_cancelled_usage, "the cancelled request's usage row")
