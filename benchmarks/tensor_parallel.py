@@ -81,7 +81,7 @@ def main() -> None:
         "cpu": cpu_model(), "cpu_flags": _vector_flags(), "load_average": os.getloadavg(), "dtype": args.dtype, "threads_total": args.threads,
         "batch": args.batch, "context": args.context, "steps": args.steps,
         "step_ms_median": {str(d): round(m, 2) for d, m in median.items()},
-        "ratio_to_n1": {str(d): round(m / median[degrees[0]], 3) for d, m in median.items()},
+        "ratio_to_first_degree": {str(d): round(m / median[degrees[0]], 3) for d, m in median.items()},
     }
     print(json.dumps(result, indent=2))
     if args.out:

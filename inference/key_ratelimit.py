@@ -13,6 +13,7 @@ one refused earlier (a bad body, an unknown model, a replay) is counted on its o
 """
 from __future__ import annotations
 
+import functools
 import re
 import time
 import zlib
@@ -36,6 +37,7 @@ return n
 """
 
 
+@functools.lru_cache(maxsize=8)  # the setting, parsed once (key_rate runs per request)
 def parse_rate(rate: str) -> tuple[int, int]:
     """`N/u` or `N/ku` (u: s, m, h, d) -> (limit, window in ms)."""
     match = _RATE.match(rate)

@@ -160,7 +160,7 @@ def coalesce(fmt: ResponseFormat, meta: StreamMeta, items: list[Delta | Done]) -
             break
         texts.append(item.text)
     if texts:
-        frames.extend(fmt.delta(meta, texts[0] if len(texts) == 1 else "".join(texts)))
+        frames.extend(fmt.delta(meta, "".join(texts)))
     if done is not None:
         frames.extend(fmt.finish(meta, done.result))
     return frames, done

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The GPU checks of issue #16, in one go on a machine with one NVIDIA GPU (about 8 minutes):
+# The GPU checks of issue #16, in one go on a machine with one NVIDIA GPU (about 8 minutes of
+# work; the step time limits add up to ~14 minutes for a slow pip install):
 #   1. greedy parity with transformers on CUDA (float32 / bfloat16 / float16; both models on
 #      the GPU): tests/replica/test_engine_vs_hf.py's -cuda variants;
 #   2. python -m benchmarks.engine --device cuda (our engine vs transformers' static batches,

@@ -54,5 +54,5 @@ def test_gateway_smoke(tmp_path):
 
 def test_tensor_parallel_smoke(tmp_path):
     result = _run("tensor_parallel", tmp_path)
-    assert set(result["step_ms_median"]) == {"1", "2"} and result["ratio_to_n1"]["1"] == 1.0
+    assert set(result["step_ms_median"]) == {"1", "2"} and result["ratio_to_first_degree"]["1"] == 1.0
     assert all(ms > 0 for ms in result["step_ms_median"].values())

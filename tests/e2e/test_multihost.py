@@ -30,7 +30,7 @@ from django.conf import settings
 from django.db import connection
 
 from fleet.models import ReplicaTransition
-from models_registry.models import Node, Replica, ScalingPolicy
+from models_registry.models import Node, Replica, ScalingPolicy, StoredTokenizer
 from models_registry.services import ensure_model_version, store_remote_tokenizer
 from tenants.services import create_api_key, create_tenant
 from tests.e2e.conftest import LOG_DIR, SMOLLM2_WEIGHTS, platform_env
@@ -104,7 +104,9 @@ def test_requests_stream_from_two_hosts_and_a_cut_node_is_replaced(transactional
     monkeypatch.setenv("WEIGHTS_CA_FILE", ca_file)  # registration, on the control host
     monkeypatch.setenv("WEIGHTS_CACHE_DIR", str(tmp_path / "cache-control"))
     store_remote_tokenizer(version)
-    assert version.tokenizer == "stored"
+    version.refresh_from_db()  # stored in the registry, not just set on this object
+    assert version.tokenizer == "stored" and StoredTokenizer.objects.filter(
+        model_version=version).exists()
     ScalingPolicy.objects.create(model_version=version, min_replicas=2, max_replicas=2,
                                  predictive=False, replica_cpu_slots=1, replica_memory_mib=1024)
     api_key = create_api_key(create_tenant("multihost", "interactive")).raw_key
