@@ -206,7 +206,8 @@ class Generation:
                     keepalive.drop("slot")
                     slot = await _release_slot(slot, current)
                     outcome.replica_id = None
-                    current = await self._versions.fall_back(current, failed=bool(tried))
+                    current = await self._versions.fall_back(
+                        current, failed=isinstance(exc, ReplicaFailed))
             outcome.status = UsageRecord.Status.OK
             final = outcome.final
             result = Result(
@@ -294,11 +295,12 @@ class Generation:
                 lease = await router.acquire(
                     prepared.target.model_version_id, prepared.target.routing_policy, route,
                     exclude=frozenset(tried))
-            except NoReplicaReady:
-                if tried:
-                    raise ReplicaFailed("Every replica tried failed before the first token; "
-                                        "retry later.",
-                                        headers={"Retry-After": "1"}) from None
+            except NoReplicaReady as exc:
+                if tried or exc.failing:  # the replicas fail: not a capacity answer
+                    raise ReplicaFailed(
+                        "Every replica tried failed before the first token; retry later."
+                        if tried else f"Every ready replica of '{prepared.target.model_name}' "
+                        "is failing; retry later.", headers={"Retry-After": "1"}) from None
                 raise ServiceUnavailable(
                     f"No replica of '{prepared.target.model_name}' is ready; retry later.",
                     headers={"Retry-After": str(settings.NO_REPLICA_RETRY_AFTER_SECONDS)},

@@ -51,7 +51,13 @@ logger = logging.getLogger(__name__)
 
 
 class NoReplicaReady(Exception):
-    pass
+    """No replica can take the request. `failing`: ready replicas exist but every circuit is
+    open (they are failing, not busy or absent)."""
+
+    def __init__(self, failing: bool = False):
+        super().__init__("every ready replica's circuit is open" if failing else
+                         "no ready replica")
+        self.failing = failing
 
 
 # KEYS: counts (hash replica -> tokens), lease expiries (zset lease -> ms), lease holdings
@@ -399,7 +405,7 @@ class Router:
             candidates = [c for c in candidates
                           if circuits[c.replica.replica_id] not in (OPEN, HALF_OPEN)]
             if not candidates:
-                raise NoReplicaReady()
+                raise NoReplicaReady(failing=True)
             if len(candidates) > 1:
                 candidates = self._with_inflight(model_version_id, request, candidates, start)
             chosen = self.policy(policy_name).choose(request, candidates)

@@ -140,3 +140,22 @@ async def test_outstanding_tokens_are_leases_reclaimed_when_their_holder_is_gone
     await counter.give_back(7, "dead", 1, 50, end=True)  # reclaimed already: nothing twice
     assert await counter.read(7, [1]) == {1: 0}
     assert not await counter.refresh(7, "alive")
+
+
+@pytestmark_db
+@pytest.mark.asyncio
+async def test_no_replica_says_whether_the_ready_ones_are_failing(model_version):
+    """Excluded (tried) replicas are absence; replicas whose circuits are all open are failing:
+    generation answers the first as capacity and the second as the replicas' fault."""
+    from asgiref.sync import sync_to_async
+
+    r1 = await sync_to_async(register_replica)(model_version, "127.0.0.1:9001")
+    router = current_container().router
+    with pytest.raises(NoReplicaReady) as absent:
+        await router.acquire(model_version.pk, "least_outstanding_tokens", REQUEST,
+                             exclude=frozenset({r1.pk}))
+    assert absent.value.failing is False
+    await router.state.circuit.trip(r1.pk)
+    with pytest.raises(NoReplicaReady) as failing:
+        await router.acquire(model_version.pk, "least_outstanding_tokens", REQUEST)
+    assert failing.value.failing is True
