@@ -369,6 +369,9 @@ CELERY_BEAT_SCHEDULE.update({
 ROLLOUT_EVALUATE_INTERVAL_SECONDS = env_float("ROLLOUT_EVALUATE_INTERVAL_SECONDS", 30.0)
 # The quality probe waits at most this long for one answer of a replica.
 ROLLOUT_PROBE_TIMEOUT_SECONDS = env_float("ROLLOUT_PROBE_TIMEOUT_SECONDS", 120.0)
+# A rollout whose canary has no ready replica this long after it started is rolled back (its
+# replicas cannot be placed, its weights cannot download, or its engine never warms up).
+ROLLOUT_READY_TIMEOUT_SECONDS = env_float("ROLLOUT_READY_TIMEOUT_SECONDS", 1800.0)
 CELERY_BEAT_SCHEDULE.update({
     "rollout-evaluator": {
         "task": "rollouts.tasks.evaluate_rollouts",

@@ -16,6 +16,8 @@ from dataclasses import asdict
 from datetime import datetime, timedelta
 from typing import Callable
 
+from django.conf import settings
+
 from rollouts.models import Rollout
 from rollouts import services
 from rollouts.decision import (
@@ -121,8 +123,24 @@ class RolloutEvaluator:
         return "hold"
 
     def _open(self, rollout: Rollout, now: datetime) -> str:
-        """A rollout waiting for its canary's replicas (services.start_rollout)."""
+        """A rollout waiting for its canary's replicas (services.start_rollout); rolled back
+        when none is ready within ROLLOUT_READY_TIMEOUT_SECONDS of its start."""
         if not services.canary_ready(rollout):
+            waited_s = (now - rollout.step_started_at).total_seconds()
+            limit_s = settings.ROLLOUT_READY_TIMEOUT_SECONDS
+            if waited_s >= limit_s:
+                reason = (f"no replica of the canary was ready {waited_s:.0f} s after the start "
+                          f"(ROLLOUT_READY_TIMEOUT_SECONDS={limit_s:g})")
+                try:
+                    services.rollback_rollout(rollout, actor=services.EVALUATOR, reason=reason,
+                                              evidence={"decision": ROLLBACK,
+                                                        "reasons": [reason], "percent": 0.0,
+                                                        "evaluated_at": now.isoformat()},
+                                              now=now)
+                except services.RolloutError as exc:
+                    logger.info("rollout %s: %s", rollout.pk, exc)
+                    return "superseded"
+                return "rollback"
             Rollout.objects.filter(pk=rollout.pk).update(last_evaluated_at=now, last_evidence={
                 "decision": HOLD, "reasons": ["waiting for the canary's replicas"],
                 "percent": 0.0, "evaluated_at": now.isoformat()})

@@ -71,6 +71,32 @@ def test_the_canary_gets_replicas_before_it_gets_traffic(versions, clock, sync_r
     assert rollout.history.last().reason == "the canary's replicas are ready: 5%"
 
 
+def test_a_canary_never_ready_is_rolled_back_at_the_deadline(versions, clock, sync_redis,
+                                                            fleet, settings):
+    """Its replica placed but never ready (weights that cannot download, an engine that never
+    warms up): the rollout waits until ROLLOUT_READY_TIMEOUT_SECONDS, then rolls back and the
+    fleet drains what it placed."""
+    settings.ROLLOUT_READY_TIMEOUT_SECONDS = 600
+    stable, canary = versions
+    rollout = services.start_rollout(canary, now=clock())
+    autoscale_all(clock(), fleet)
+    assert Replica.objects.get(model_version=canary).state == "loading"
+    evaluator = _evaluator(clock, sync_redis)
+    clock.advance(599)
+    assert evaluator.evaluate(Rollout.objects.get(pk=rollout.pk)) == "waiting"
+    clock.advance(1)
+    assert evaluator.evaluate(Rollout.objects.get(pk=rollout.pk)) == "rollback"
+    rollout.refresh_from_db()
+    assert rollout.state == Rollout.State.ROLLED_BACK and rollout.traffic_percent == 0.0
+    step = rollout.history.last()
+    assert step.kind == "rollback" and "no replica of the canary was ready 600 s" in step.reason
+    assert ModelVersion.objects.get(pk=canary.pk).state == ModelVersion.State.RETIRED
+    assert not ScalingPolicy.objects.get(model_version=canary).enabled
+    # Stable's traffic and fleet are untouched.
+    assert ScalingPolicy.objects.get(model_version=stable).enabled
+    assert Replica.objects.filter(model_version=stable, state="ready").count() == 2
+
+
 def test_promotion_drains_and_stops_stable_and_gives_the_canary_its_fleet(versions, clock,
                                                                             sync_redis, fleet):
     stable, canary = versions
