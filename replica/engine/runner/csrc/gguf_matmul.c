@@ -21,6 +21,17 @@
 #include <math.h>
 
 enum { GGML_Q4_0 = 2, GGML_Q4_1 = 3, GGML_Q8_0 = 8 };
+/* Weight bytes ahead of the block being read to prefetch (0: none). One thread reading a matrix
+ * from DRAM ran at ~40% of a plain read without it: the hardware prefetcher does not keep
+ * enough lines in flight for a loop this slow per byte. 2-16 KiB measured alike (1.3-1.4x). */
+#ifndef PF_DIST
+#define PF_DIST 4096
+#endif
+#if PF_DIST > 0
+#define PREFETCH_W(p) __builtin_prefetch((const char *)(p) + PF_DIST, 0, 3)
+#else
+#define PREFETCH_W(p) ((void)0)
+#endif
 #define QK 32
 #define ROWS_PER_PASS 8
 /* below this many weight bytes one thread does the whole matrix: waking the team costs more */
@@ -101,6 +112,7 @@ static inline __attribute__((always_inline)) int64_t one_row(const uint8_t *wrow
     int64_t b = 0;
     for (; b + 1 < nb; b += 2) {
         float m_a, m_b;
+        PREFETCH_W(wrow + b * bsz);
         acc0 = _mm256_fmadd_ps(block_dot(wrow + b * bsz, type, xq + b * QK, &m_a), _mm256_set1_ps(xd[b]), acc0);
         acc1 = _mm256_fmadd_ps(block_dot(wrow + (b + 1) * bsz, type, xq + (b + 1) * QK, &m_b), _mm256_set1_ps(xd[b + 1]), acc1);
         scalar0 += m_a * xs[b];
@@ -136,6 +148,7 @@ static inline __attribute__((always_inline)) int64_t one_row512(const uint8_t *w
 #define PAIR(ACC)                                                                                          \
     do {                                                                                                   \
         const uint8_t *ba = wrow + b * bsz, *bb = ba + bsz;                                                \
+        PREFETCH_W(ba);                                                                                    \
         __m512i wu, xv = _mm512_loadu_si512((const void *)(xq + b * QK));                                  \
         __m128 sc; /* [d_a x_a, ., d_b x_b, .] */                                                          \
         const __m128 xds = _mm_unpacklo_ps(_mm_castpd_ps(_mm_load_sd((const double *)(xd + b))),           \
@@ -289,6 +302,7 @@ int gguf_matmul(const void *w, int64_t type, const void *x, void *y, int64_t M, 
 #endif
             for (; b < nb; b++) {
                 const void *blk = wrow + b * bsz;
+                PREFETCH_W(blk);
                 float dw, mw = 0.f;
                 if (type == GGML_Q4_1) { dw = half_to_float(((const block_q4_1 *)blk)->d); mw = half_to_float(((const block_q4_1 *)blk)->m); }
                 else if (type == GGML_Q4_0) { dw = half_to_float(((const block_q4_0 *)blk)->d); mw = -8.f * dw; }
