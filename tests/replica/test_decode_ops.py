@@ -171,3 +171,19 @@ def test_engine_serves_the_same_tokens_fused_or_not():
         engine.runner.model.fused_decode = fused
         answers.append(engine.generate(prompts, SamplingParams(max_tokens=12, temperature=0.0)))
     assert answers[0] == answers[1]
+
+
+def test_fused_step_follows_the_block_products_row_limit():
+    if native.load_decode_ops() is None or native.load_gguf_matmul() is None or native.load() is None:
+        pytest.skip("no C compiler here")
+    from replica.engine.models.gguf_linear import set_kernel_max_rows
+
+    engine = int4_tiny()
+    seen = both_paths(engine)
+    engine.generate([[5, 6, 7], [8, 9]], SamplingParams(max_tokens=3, temperature=0.0))
+    assert any(fused for _, fused, *_ in seen)
+    set_kernel_max_rows(engine.runner.model, 1)  # the products take the float GEMM above one row
+    seen.clear()
+    engine.generate([[5, 6, 7], [8, 9]], SamplingParams(max_tokens=3, temperature=0.0))
+    assert seen and not any(fused for rows, fused, *_ in seen if rows > 1)
+    assert all(logits_same and kv_same for _, _, logits_same, kv_same in seen), seen

@@ -193,7 +193,7 @@ class LlamaForCausalLM(nn.Module):
         from replica.engine.models.gguf_linear import GGUFLinear  # gguf_linear imports nothing of ours
 
         ops = self.model.ops
-        if ops is None or not self.model.layers:
+        if ops is None or not self.model.layers or len(kv_pools) != len(self.model.layers):
             return None
         layers, kernels = [], set()
         for layer, (k_pool, v_pool) in zip(self.model.layers, kv_pools):
