@@ -1,7 +1,7 @@
 """Batch-1 decode at memory speed? The int4 block product's achieved bandwidth against the
 machine's measured memory bandwidth, side by side in one process.
 
-    python -m benchmarks.int4_bandwidth [--threads N] [--rounds 7] [--dtype bfloat16] [--out FILE.json]
+    python -m benchmarks.int4_bandwidth [--threads N] [--rounds 7] [--dtype bfloat16] [--steps 40] [--out FILE.json]
 
 - machine: a STREAM-like read (`torch.sum` over a float32 buffer of `--buffer-mb`, far larger
   than the last-level cache), bytes read / best time;
@@ -10,14 +10,22 @@ machine's measured memory bandwidth, side by side in one process.
   it (`GGUFMatmul.bind`, x in `--dtype`, the engine's: Python's per-call cost counts), the
   blocks' bytes / best time of the whole pass (~100 MB, also far beyond the cache; each matrix
   read once).
+- step: the engine's whole batch-1 decode step (one sequence of `--context` tokens, int4 in
+  `--dtype`, sampling included), the int4 model's blocks read per step (the same ~96 MB: the 121
+  fused products qkv / o / gate_up / down and the head) / median step time. Two ways, stepped
+  alternately: `fused` (decode_layers: every decoder layer in one C call) and `modules` (the
+  Python module path: 4 product calls and ~20 torch ops a layer). bfloat16 only (the fused step's
+  dtype); skipped with --steps 0.
 Rounds alternate the two, so load from other processes shifts both alike; `fraction` =
-kernel GB/s / machine GB/s is what counts (issue #16's target: >= 0.7).
+kernel GB/s / machine GB/s is what counts (issue #16's target: >= 0.7); `step.fraction` is the
+same for the whole step against the machine's best read of the same run.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import statistics
 import time
 
 import torch
@@ -28,7 +36,46 @@ from replica.engine.models.loader import default_model_path, load_checkpoint
 from replica.engine.runner import native
 
 
-def measure(threads: int, rounds: int, buffer_mb: int, dtype: torch.dtype = torch.bfloat16) -> dict:
+def measure_step(ckpt, steps: int, context: int, buffer: torch.Tensor, dtype: torch.dtype) -> dict:
+    """Median batch-1 decode step of the int4 engine, fused vs module path, stepped alternately;
+    one STREAM-like read after each pair (the machine's rate at the same moments)."""
+    from benchmarks.engine import start_decoding
+    from replica.engine.config import EngineConfig
+    from replica.engine.llm_engine import LLMEngine
+
+    engine = LLMEngine.from_config(EngineConfig(model_path=default_model_path(), dtype=str(dtype).removeprefix("torch."),
+                                                quantization="int4", kv_cache_bytes=64 << 20))
+    model = engine.runner.model
+    start_decoding(engine, 1, context, 0, "step")
+    times: dict[str, list[float]] = {"fused": [], "modules": []}
+    stream = []
+    for _ in range(steps):
+        for name in times:
+            model.fused_decode = name == "fused"
+            t = time.perf_counter()
+            engine.step()
+            times[name].append(time.perf_counter() - t)
+        t = time.perf_counter()
+        buffer.sum()
+        stream.append(time.perf_counter() - t)
+    model.fused_decode = True
+    blocks = [m.blocks for m in model.modules() if hasattr(m, "blocks") and isinstance(m.blocks, torch.Tensor)]
+    weight_bytes = sum(b.numel() for b in blocks)
+    machine = buffer.numel() * 4 / min(stream) / 1e9
+    out = {"context": context, "steps": steps, "weight_mb": round(weight_bytes / 1e6, 1), "products": len(blocks),
+           "fused_active": model._fused_layers is not None and model._fused_layers[1] is not None,
+           "machine_read_gb_per_s": round(machine, 1)}
+    for name, t in times.items():
+        med = statistics.median(t)
+        out[name] = {"step_ms": round(med * 1e3, 2), "best_step_ms": round(min(t) * 1e3, 2),
+                     "tokens_per_s": round(1 / med, 1), "gb_per_s": round(weight_bytes / med / 1e9, 1),
+                     "fraction": round(weight_bytes / med / 1e9 / machine, 2)}
+    out["speedup"] = round(out["modules"]["step_ms"] / out["fused"]["step_ms"], 2)
+    return out
+
+
+def measure(threads: int, rounds: int, buffer_mb: int, dtype: torch.dtype = torch.bfloat16, steps: int = 40,
+            context: int = 128) -> dict:
     torch.set_num_threads(threads)
     kernel = native.load_gguf_matmul()
     if kernel is None:
@@ -53,10 +100,14 @@ def measure(threads: int, rounds: int, buffer_mb: int, dtype: torch.dtype = torc
         block.append(time.perf_counter() - t)
     machine = buffer.numel() * 4 / min(stream) / 1e9
     ours = weight_bytes / min(block) / 1e9
-    return {"cpu": cpu_model(), "threads": threads, "dtype": str(dtype).removeprefix("torch."), "hidden": hidden, "matrices": len(blocks),
-            "weight_mb": round(weight_bytes / 1e6, 1), "pass_ms": round(min(block) * 1e3, 2),
-            "machine_read_gb_per_s": round(machine, 1), "kernel_gb_per_s": round(ours, 1),
-            "fraction": round(ours / machine, 2), "load_average": [round(x, 2) for x in os.getloadavg()]}
+    result = {"cpu": cpu_model(), "threads": threads, "dtype": str(dtype).removeprefix("torch."), "hidden": hidden,
+              "matrices": len(blocks), "weight_mb": round(weight_bytes / 1e6, 1), "pass_ms": round(min(block) * 1e3, 2),
+              "machine_read_gb_per_s": round(machine, 1), "kernel_gb_per_s": round(ours, 1),
+              "fraction": round(ours / machine, 2), "load_average_before_step": [round(x, 2) for x in os.getloadavg()]}
+    if steps and dtype == torch.bfloat16:
+        result["step"] = measure_step(ckpt, steps, context, buffer, dtype)
+    result["load_average"] = [round(x, 2) for x in os.getloadavg()]
+    return result
 
 
 def main() -> None:
@@ -65,9 +116,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--buffer-mb", type=int, default=512)
     parser.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
+    parser.add_argument("--steps", type=int, default=40, help="engine decode steps per path (0: no step measurement)")
+    parser.add_argument("--context", type=int, default=128)
     parser.add_argument("--out")
     args = parser.parse_args()
-    result = measure(args.threads, args.rounds, args.buffer_mb, getattr(torch, args.dtype))
+    result = measure(args.threads, args.rounds, args.buffer_mb, getattr(torch, args.dtype), args.steps, args.context)
     print(json.dumps(result, indent=2))
     if args.out:
         with open(args.out, "w") as fh:

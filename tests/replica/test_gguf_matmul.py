@@ -46,8 +46,10 @@ def q8_activations(x: np.ndarray) -> np.ndarray:
 
 
 @pytest.mark.parametrize("type_name", ["Q4_0", "Q4_1", "Q8_0"])
-@pytest.mark.parametrize("m,n,k", [(1, 96, 576), (3, 40, 64), (8, 17, 1536), (11, 33, 96),
-                                   (2, 640, 1024)])  # the last over PARALLEL_MIN_BYTES: both threads
+# one row, 1 / 5 / 7 / 18 blocks a row: pairs of blocks, 4 at a time, an odd last one (the 512-bit
+# batch-1 path); the last over PARALLEL_MIN_BYTES: both threads
+@pytest.mark.parametrize("m,n,k", [(1, 96, 576), (1, 33, 160), (1, 7, 32), (1, 9, 224), (3, 40, 64),
+                                   (8, 17, 1536), (11, 33, 96), (2, 640, 1024)])
 def test_block_product_equals_dequantised_reference(kernel, type_name, m, n, k):
     rng = np.random.default_rng(m * 1000 + n + k)
     blocks = random_blocks(type_name, n, k, rng)

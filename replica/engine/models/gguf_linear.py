@@ -132,3 +132,5 @@ def set_kernel_max_rows(model: nn.Module, rows: int) -> None:
     for module in model.modules():
         if isinstance(module, GGUFLinear) and module.kernel is not None:
             module.kernel_max_rows = rows
+    if hasattr(model, "_fused_layers"):
+        model._fused_layers = None  # the fused decode step reads the rows limit when it binds

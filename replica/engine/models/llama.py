@@ -74,8 +74,9 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 class Attention(nn.Module):
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, ops: native.DecodeOps | None = None) -> None:
         super().__init__()
+        self.ops = ops  # RoPE in place in one C pass (float32, bfloat16 on the CPU), else PyTorch
         self.num_heads = config.num_heads
         self.num_kv_heads = config.num_kv_heads
         self.head_dim = config.head_dim
@@ -96,8 +97,11 @@ class Attention(nn.Module):
     def forward(self, x, cos, sin, k_pool, v_pool, meta: AttentionMetadata) -> torch.Tensor:
         t, nh, kvh = x.shape[0], self.num_heads, self.num_kv_heads
         qkv = self.qkv_proj(x).view(t, nh + 2 * kvh, self.head_dim)  # [T, nh + 2 kvh, hd]
-        qk = qkv[:, : nh + kvh]
-        qk = qk * cos + rotate_half(qk) * sin  # RoPE on q and k at once; cos, sin: [T, 1, hd]
+        if self.ops is not None and self.ops.supports(qkv) and qkv.is_contiguous() and cos.dtype == qkv.dtype:
+            qk = self.ops.rope_(qkv, nh + kvh, cos, sin)[:, : nh + kvh]  # in place: the output is ours
+        else:
+            qk = qkv[:, : nh + kvh]
+            qk = qk * cos + rotate_half(qk) * sin  # RoPE on q and k at once; cos, sin: [T, 1, hd]
         q, k, v = qk[:, :nh], qk[:, nh:], qkv[:, nh + kvh :]  # [T, nh, hd], [T, kvh, hd] x2
         write_kv(k_pool, v_pool, k, v, meta.slot_mapping)
         o = paged_attention(q, k, v, k_pool, v_pool, meta, self.scale)
@@ -105,8 +109,9 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, ops: native.DecodeOps | None = None) -> None:
         super().__init__()
+        self.ops = ops  # SiLU x mul in one C pass (float32, bfloat16 on the CPU), else PyTorch
         self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
         self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
@@ -121,15 +126,18 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate_up = self.gate_up_proj(x)  # [T, 2 I]
+        if self.ops is not None and self.ops.supports(gate_up):
+            return self.down_proj(self.ops.silu_mul(gate_up))
         gate, up = gate_up[:, : self.intermediate_size], gate_up[:, self.intermediate_size :]
         return self.down_proj(nn.functional.silu(gate) * up)
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig, norm_kernel: native.RMSNormKernel | None = None) -> None:
+    def __init__(self, config: ModelConfig, norm_kernel: native.RMSNormKernel | None = None,
+                 ops: native.DecodeOps | None = None) -> None:
         super().__init__()
-        self.self_attn = Attention(config)
-        self.mlp = MLP(config)
+        self.self_attn = Attention(config, ops)
+        self.mlp = MLP(config, ops)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, norm_kernel)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, norm_kernel)
 
@@ -143,8 +151,9 @@ class LlamaBody(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         norm_kernel = native.load_rms_norm()  # None: no compiler, or LLM_PLATFORM_NO_NATIVE
+        self.ops = native.load_decode_ops()  # SiLU x mul, RoPE, and whole decode steps (int4)
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(config, norm_kernel) for _ in range(config.num_layers))
+        self.layers = nn.ModuleList(DecoderLayer(config, norm_kernel, self.ops) for _ in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, norm_kernel)
 
 
@@ -158,6 +167,10 @@ class LlamaForCausalLM(nn.Module):
         self.quantization = "none"
         self.quantized_head: nn.Module | None = None  # set by models/quantization.py
         self.register_buffer("inv_freq", rope_inv_freq(config), persistent=False)
+        # decode steps of up to 8 sequences through decode_layers (one C call for all layers) where
+        # the model allows it (int4 blocks, bfloat16, the C kernels): False keeps the module path
+        self.fused_decode = True
+        self._fused_layers = None  # (kv pools key, the bound call or None), built on first use
 
     def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
         if self.config.tie_word_embeddings:  # HF state dicts list the tied head too
@@ -169,6 +182,64 @@ class LlamaForCausalLM(nn.Module):
         for layer in self.model.layers:
             layer.self_attn.fuse()
             layer.mlp.fuse()
+
+    def _apply(self, fn, *args, **kwargs):  # moved or cast weights: rebind the fused call to them
+        self._fused_layers = None
+        return super()._apply(fn, *args, **kwargs)
+
+    def _bind_fused_layers(self, kv_pools):
+        """decode_layers bound to this model's weights and these pools, or None where some piece
+        is not what the C step computes (float weights, int8, a wrapped projection, no kernel)."""
+        from replica.engine.models.gguf_linear import GGUFLinear  # gguf_linear imports nothing of ours
+
+        ops = self.model.ops
+        if ops is None or not self.model.layers or len(kv_pools) != len(self.model.layers):
+            return None
+        layers, kernels = [], set()
+        for layer, (k_pool, v_pool) in zip(self.model.layers, kv_pools):
+            attn, mlp = layer.self_attn, layer.mlp
+            projs = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
+            norms = (layer.input_layernorm, layer.post_attention_layernorm)
+            if not all(type(p) is GGUFLinear and p.kernel is not None and p.kernel_max_rows >= 1 for p in projs):
+                return None
+            if not all(n.kernel is not None and n.weight.dtype == torch.bfloat16 for n in norms):
+                return None
+            if k_pool.dtype != torch.bfloat16 or not (k_pool.is_contiguous() and v_pool.is_contiguous()):
+                return None
+            kernels |= {id(p.kernel) for p in projs}
+            types = [p.kernel.TYPES[p.type_name] for p in projs]
+            layers.append(native.DecodeLayer(
+                layer.input_layernorm.weight.data_ptr(), layer.post_attention_layernorm.weight.data_ptr(),
+                *(p.blocks.data_ptr() for p in projs), *types, k_pool.data_ptr(), v_pool.data_ptr()))
+        first = self.model.layers[0]
+        attention = native.load()
+        if len(kernels) != 1 or attention is None:
+            return None
+        c = self.config
+        bound = ops.bind_layers(
+            layers,
+            native.DecodeKernels(native.function_address(first.self_attn.qkv_proj.kernel._fn),
+                                 native.function_address(attention._fn),
+                                 native.function_address(first.input_layernorm.kernel._fn)),
+            c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, first.mlp.intermediate_size,
+            first.input_layernorm.eps, first.self_attn.scale)
+        bound.max_rows = min(ops.MAX_DECODE_ROWS, *(p.kernel_max_rows for layer in self.model.layers
+                                                    for p in (layer.self_attn.qkv_proj, layer.self_attn.o_proj,
+                                                              layer.mlp.gate_up_proj, layer.mlp.down_proj)))
+        bound.keep_attention = attention
+        return bound
+
+    def _fused_step(self, x: torch.Tensor, kv_pools, meta: AttentionMetadata):
+        """The bound decode_layers for this step, or None: a pure decode step (one token a
+        sequence, the C attention) of few enough rows in bfloat16 on the CPU."""
+        if not (self.fused_decode and x.dtype == torch.bfloat16 and x.device.type == "cpu" and meta.native is not None
+                and not meta.prefills and meta.decode_token_idx is not None):
+            return None
+        key = (id(kv_pools), kv_pools[0][0].data_ptr()) if kv_pools else None
+        if self._fused_layers is None or self._fused_layers[0] != key:
+            self._fused_layers = (key, self._bind_fused_layers(kv_pools))
+        bound = self._fused_layers[1]
+        return bound if bound is not None and x.shape[0] <= bound.max_rows else None
 
     def rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         freqs = positions.float().unsqueeze(-1) * self.inv_freq  # [T, hd/2]
@@ -185,8 +256,14 @@ class LlamaForCausalLM(nn.Module):
     ) -> torch.Tensor:  # [S, vocab] float32
         x = self.model.embed_tokens(input_ids)  # [T, H]
         cos, sin = self.rope(positions, x.dtype)
-        for layer, (k_pool, v_pool) in zip(self.model.layers, kv_pools):
-            x = layer(x, cos, sin, k_pool, v_pool, meta)
+        fused = self._fused_step(x, kv_pools, meta)
+        if fused is not None:  # every layer in one C call; x is the embedding's fresh output
+            x = x.contiguous()
+            fused(x, cos, sin, meta.slot_mapping, meta.decode_block_tables, meta.decode_context_lens,
+                  kv_pools[0][0].shape[1])
+        else:
+            for layer, (k_pool, v_pool) in zip(self.model.layers, kv_pools):
+                x = layer(x, cos, sin, k_pool, v_pool, meta)
         x = self.model.norm(x[logits_idx])  # [S, H]
         if self.quantized_head is not None:
             return self.quantized_head(x).float()

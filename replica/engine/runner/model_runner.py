@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from replica.engine.config import ModelConfig
@@ -40,6 +41,32 @@ class RunnerOutput:
     failed: dict[str, str] = field(default_factory=dict)
 
 
+class StepBuffers:
+    """The step's int64 inputs (token ids, positions, slots, block tables, ...), written in place
+    into tensors kept from step to step (through numpy views of them) rather than built from
+    Python lists each step; a buffer grows (doubling) when a step needs more. The tensors a step
+    hands the model are views of these buffers: valid until the next step's `_prepare`, which
+    the engine, one step at a time, never overlaps with a running step."""
+
+    def __init__(self) -> None:
+        self._tensors: dict[str, torch.Tensor] = {}
+        self._arrays: dict[str, np.ndarray] = {}
+
+    def array(self, name: str, n: int) -> np.ndarray:
+        """The first n elements of buffer `name` as a writable numpy array (grown if needed)."""
+        a = self._arrays.get(name)
+        if a is None or a.shape[0] < n:
+            t = torch.zeros(max(n, 64, 2 * (0 if a is None else a.shape[0])), dtype=torch.long)
+            self._tensors[name], self._arrays[name] = t, t.numpy()
+        return self._arrays[name][:n]
+
+    def tensor(self, name: str, n: int) -> torch.Tensor:
+        """The first n elements of buffer `name` as a tensor (the memory `array` wrote)."""
+        if name not in self._tensors:
+            self.array(name, n)
+        return self._tensors[name][:n]
+
+
 def kv_bytes_per_block(config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
     element = torch.empty((), dtype=dtype).element_size()
     return 2 * config.num_layers * block_size * config.num_kv_heads * config.head_dim * element
@@ -65,55 +92,58 @@ class ModelRunner:
         self.sampler = Sampler(native.load_row_argmax())  # logits are on the CPU when sampled
         use_native = device.type == "cpu" and native.NativeAttention.supports(dtype)
         self.native_attention = native.load() if use_native else None
+        self.buffers = StepBuffers()
 
     def _prepare(self, out: SchedulerOutput) -> ModelInput:
+        """The step's tensors, written into the runner's persistent buffers (StepBuffers): one
+        pass over the scheduled requests, no per-token Python loop (a prefill chunk's positions
+        and slots are numpy ranges, its tokens one slice assignment)."""
         bs = self.block_size
-        input_ids: list[int] = []
-        positions: list[int] = []
-        slots: list[int] = []  # decode tokens' slots, in order since the last prefill piece
-        slot_pieces: list[torch.Tensor] = []  # the step's slots in order, as tensors
-        logits_idx: list[int] = []
+        buf = self.buffers
+        total = sum(n for _, n in out.scheduled)
+        n_seqs = len(out.scheduled)
+        ids, pos, slots = buf.array("input_ids", total), buf.array("positions", total), buf.array("slots", total)
+        logits_idx = buf.array("logits_idx", n_seqs)
+        decode_idx = buf.array("decode_idx", n_seqs)
+        decode_lens = buf.array("decode_lens", n_seqs)
         sampled_requests = []
-        decode_idx: list[int] = []
         decode_tables: list[list[int]] = []
-        decode_lens: list[int] = []
         prefills: list[PrefillSeq] = []
+        flat = n_sampled = n_decode = 0
         for request, num_new in out.scheduled:
             start = request.num_computed_tokens
             end = start + num_new
             table = out.block_tables[request.request_id]
-            flat_start = len(input_ids)
-            input_ids.extend(request.token_slice(start, end))
-            positions.extend(range(start, end))
             if num_new == 1 and start > 0:
-                slots.append(table[start // bs] * bs + start % bs)
-                decode_idx.append(flat_start)
+                ids[flat] = request.token_slice(start, end)[0]
+                pos[flat] = start
+                slots[flat] = table[start // bs] * bs + start % bs
+                decode_idx[n_decode] = flat
+                decode_lens[n_decode] = end
                 decode_tables.append(table[: (end + bs - 1) // bs])
-                decode_lens.append(end)
+                n_decode += 1
             else:
-                block_ids = torch.tensor(table[: (end + bs - 1) // bs], dtype=torch.long)
-                if slots:
-                    slot_pieces.append(torch.tensor(slots, dtype=torch.long))
-                    slots = []
-                pos = torch.arange(start, end)  # the chunk's slots without a per-token Python loop
-                slot_pieces.append(block_ids[pos // bs] * bs + pos % bs)
+                block_ids = np.asarray(table[: (end + bs - 1) // bs], dtype=np.int64)
+                ids[flat : flat + num_new] = request.token_slice(start, end)
+                chunk = np.arange(start, end, dtype=np.int64)  # the chunk's slots without a per-token loop
+                pos[flat : flat + num_new] = chunk
+                slots[flat : flat + num_new] = block_ids[chunk // bs] * bs + chunk % bs
                 prefills.append(
                     PrefillSeq(
-                        query_start=flat_start,
+                        query_start=flat,
                         query_len=num_new,
                         context_len=end,
-                        block_ids=block_ids.to(self.device),
+                        block_ids=torch.from_numpy(block_ids).to(self.device),
                     )
                 )
+            flat += num_new
             if end == request.num_tokens:  # reached the frontier: the next token is sampled
-                logits_idx.append(len(input_ids) - 1)
+                logits_idx[n_sampled] = flat - 1
+                n_sampled += 1
                 sampled_requests.append(request)
         dev = self.device
-        if slots or not slot_pieces:
-            slot_pieces.append(torch.tensor(slots, dtype=torch.long))
-        slot_mapping = slot_pieces[0] if len(slot_pieces) == 1 else torch.cat(slot_pieces)
         meta = AttentionMetadata(
-            slot_mapping=slot_mapping.to(dev),
+            slot_mapping=buf.tensor("slots", flat).to(dev),
             decode_token_idx=None,
             decode_block_tables=None,
             decode_mask=None,
@@ -121,21 +151,24 @@ class ModelRunner:
             prefills=prefills,
             native=self.native_attention,
         )
-        if decode_idx:
+        if n_decode:
             max_blocks = max(len(t) for t in decode_tables)
-            padded = [t + [0] * (max_blocks - len(t)) for t in decode_tables]
-            meta.decode_token_idx = torch.tensor(decode_idx, dtype=torch.long, device=dev)
-            meta.decode_block_tables = torch.tensor(padded, dtype=torch.long, device=dev)
-            lens = torch.tensor(decode_lens, dtype=torch.long, device=dev)
+            tables = buf.array("block_tables", n_decode * max_blocks).reshape(n_decode, max_blocks)
+            tables.fill(0)  # padding: block 0, never read past a sequence's length
+            for row, t in zip(tables, decode_tables):
+                row[: len(t)] = t
+            meta.decode_token_idx = buf.tensor("decode_idx", n_decode).to(dev)
+            meta.decode_block_tables = buf.tensor("block_tables", n_decode * max_blocks).view(n_decode, max_blocks).to(dev)
+            lens = buf.tensor("decode_lens", n_decode).to(dev)
             meta.decode_context_lens = lens
             if self.native_attention is None:
                 cols = torch.arange(max_blocks * bs, device=dev)
-                meta.decode_mask = (cols.unsqueeze(0) < lens.unsqueeze(1)).view(len(decode_idx), 1, 1, -1)
+                meta.decode_mask = (cols.unsqueeze(0) < lens.unsqueeze(1)).view(n_decode, 1, 1, -1)
         return ModelInput(
-            input_ids=torch.tensor(input_ids, dtype=torch.long, device=dev),
-            positions=torch.tensor(positions, dtype=torch.long, device=dev),
+            input_ids=buf.tensor("input_ids", flat).to(dev),
+            positions=buf.tensor("positions", flat).to(dev),
             attention=meta,
-            logits_idx=torch.tensor(logits_idx, dtype=torch.long, device=dev),
+            logits_idx=buf.tensor("logits_idx", n_sampled).to(dev),
             sampled_requests=sampled_requests,
         )
 

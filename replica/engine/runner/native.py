@@ -206,3 +206,94 @@ class RMSNormKernel:
 def load_rms_norm(portable: bool = False) -> RMSNormKernel | None:
     lib = _library(_CSRC / "rms_norm.c", portable)
     return None if lib is None else RMSNormKernel(lib)
+
+
+class DecodeLayer(ctypes.Structure):
+    """csrc/decode_ops.c's `decode_layer`: one decoder layer's weights and KV pools."""
+
+    _fields_ = [("input_norm", ctypes.c_void_p), ("post_norm", ctypes.c_void_p),
+                ("qkv", ctypes.c_void_p), ("o", ctypes.c_void_p), ("gate_up", ctypes.c_void_p),
+                ("down", ctypes.c_void_p), ("qkv_type", ctypes.c_int64), ("o_type", ctypes.c_int64),
+                ("gate_up_type", ctypes.c_int64), ("down_type", ctypes.c_int64),
+                ("k_pool", ctypes.c_void_p), ("v_pool", ctypes.c_void_p)]
+
+
+class DecodeKernels(ctypes.Structure):
+    _fields_ = [("matmul", ctypes.c_void_p), ("attention", ctypes.c_void_p), ("rms_norm", ctypes.c_void_p)]
+
+
+class DecodeOps:
+    """Element-wise ops in one C pass each (csrc/decode_ops.c): SiLU x mul of the fused gate_up
+    output and RoPE in place, float32 or bfloat16; and `decode_layers`, a whole decode step's
+    decoder layers (GGUF-block projections, bfloat16) in one call."""
+
+    DTYPES = {torch.float32: 0, torch.bfloat16: 1}
+    MAX_DECODE_ROWS = 8
+
+    def __init__(self, lib: ctypes.CDLL) -> None:
+        i64, vp = ctypes.c_int64, ctypes.c_void_p
+        self._silu_mul = lib.silu_mul
+        self._silu_mul.restype = ctypes.c_int
+        self._silu_mul.argtypes = [vp, vp, i64, i64, i64, i64]
+        self._rope = lib.rope
+        self._rope.restype = ctypes.c_int
+        self._rope.argtypes = [vp, i64, i64, i64, i64, vp, vp, i64, i64]
+        self._layers = lib.decode_layers
+        self._layers.restype = ctypes.c_int
+        self._layers.argtypes = ([vp, i64, vp, vp, i64, vp, vp, vp, vp, i64, vp] + [i64] * 6
+                                 + [ctypes.c_float, ctypes.c_float, i64])
+
+    @classmethod
+    def supports(cls, x: torch.Tensor) -> bool:
+        return x.dtype in cls.DTYPES and x.device.type == "cpu"
+
+    def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """gate_up: [rows, 2 I] (gate first), float32 or bfloat16 -> silu(gate) * up [rows, I]."""
+        gate_up = gate_up.contiguous()
+        rows, two_i = gate_up.shape
+        out = torch.empty(rows, two_i // 2, dtype=gate_up.dtype)
+        if self._silu_mul(gate_up.data_ptr(), out.data_ptr(), rows, two_i // 2, self.DTYPES[gate_up.dtype],
+                          torch.get_num_threads()) != 0:
+            raise ValueError(f"silu_mul: unsupported {gate_up.dtype} or shape {tuple(gate_up.shape)}")
+        return out
+
+    def rope_(self, x: torch.Tensor, heads: int, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """x: [rows, H, hd] contiguous (e.g. the fused qkv output); its first `heads` heads rotated
+        in place. cos, sin: [rows, hd] (or [rows, 1, hd]) in x's dtype."""
+        rows, total, hd = x.shape
+        if not x.is_contiguous():
+            raise ValueError("rope_: x must be contiguous")
+        cos, sin = cos.reshape(rows, hd).contiguous(), sin.reshape(rows, hd).contiguous()
+        if self._rope(x.data_ptr(), rows, total * hd, heads, hd, cos.data_ptr(), sin.data_ptr(),
+                      self.DTYPES[x.dtype], torch.get_num_threads()) != 0:
+            raise ValueError(f"rope: unsupported {x.dtype} or shape {tuple(x.shape)}")
+        return x
+
+    def bind_layers(self, layers: list[DecodeLayer], kernels: DecodeKernels, hidden: int, num_heads: int,
+                    num_kv_heads: int, head_dim: int, intermediate: int, eps: float, scale: float):
+        """The decoder layers as one function (x, cos, sin, slots, block_tables, context_lens,
+        block_size) -> None: x [M, hidden] bfloat16 contiguous is replaced in place by the last
+        layer's output. `layers` hold pointers: the caller keeps the tensors alive."""
+        array = (DecodeLayer * len(layers))(*layers)
+        fn, n, kref = self._layers, len(layers), ctypes.byref(kernels)
+
+        def run(x, cos, sin, slots, block_tables, context_lens, block_size: int) -> None:
+            status = fn(array, n, kref, x.data_ptr(), x.shape[0], cos.data_ptr(), sin.data_ptr(), slots.data_ptr(),
+                        block_tables.data_ptr(), block_tables.shape[1], context_lens.data_ptr(), hidden,
+                        num_heads, num_kv_heads, head_dim, intermediate, block_size, eps, scale,
+                        torch.get_num_threads())
+            if status != 0:
+                raise ValueError(f"decode_layers failed ({status}) at {x.shape[0]} rows")
+
+        run.keep = (array, kernels)  # ctypes memory the closure points into
+        return run
+
+
+def load_decode_ops(portable: bool = False) -> DecodeOps | None:
+    lib = _library(_CSRC / "decode_ops.c", portable)
+    return None if lib is None else DecodeOps(lib)
+
+
+def function_address(fn) -> int:
+    """The address of a loaded C function (a ctypes function pointer), for C callers."""
+    return ctypes.cast(fn, ctypes.c_void_p).value
