@@ -187,3 +187,31 @@ def test_fused_step_follows_the_block_products_row_limit():
     engine.generate([[5, 6, 7], [8, 9]], SamplingParams(max_tokens=3, temperature=0.0))
     assert seen and not any(fused for rows, fused, *_ in seen if rows > 1)
     assert all(logits_same and kv_same for _, _, logits_same, kv_same in seen), seen
+
+
+@pytest.mark.parametrize("batch,threads", [(1, 2), (5, 2), (8, 3)])
+def test_fused_step_with_one_thread_team_is_the_module_path_bit_for_bit(batch, threads):
+    """More than one thread: decode_layers runs one OpenMP team for the whole call (threads split
+    each product's rows and the sequences' attention, meeting at barriers); same bits as the
+    module path, and as the per-kernel parallel regions."""
+    ops = native.load_decode_ops()
+    if ops is None or native.load_gguf_matmul() is None or native.load() is None:
+        pytest.skip("no C compiler here")
+    prompts = [[5 + i, 17, 33 + 2 * i, 9, 70 + i][: 2 + i % 4] * (1 + i % 3) for i in range(batch)]
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        answers = []
+        for team in (True, False):
+            ops.set_team(team)
+            engine = int4_tiny()
+            engine.runner.model._fused_layers = None
+            seen = both_paths(engine)
+            answers.append(engine.generate(prompts, SamplingParams(max_tokens=6, temperature=0.0)))
+            fused_steps = [s for s in seen if s[1]]
+            assert len(fused_steps) == 5 and all(rows == batch for rows, *_ in fused_steps), seen
+            assert all(logits_same and kv_same for _, _, logits_same, kv_same in seen), seen
+    finally:
+        ops.set_team(True)
+        torch.set_num_threads(before)
+    assert answers[0] == answers[1]

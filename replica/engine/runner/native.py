@@ -242,6 +242,14 @@ class DecodeOps:
         self._layers.restype = ctypes.c_int
         self._layers.argtypes = ([vp, i64, vp, vp, i64, vp, vp, vp, vp, i64, vp] + [i64] * 6
                                  + [ctypes.c_float, ctypes.c_float, i64])
+        self._set_team = lib.decode_layers_set_team
+        self._set_team.restype = None
+        self._set_team.argtypes = [i64]
+
+    def set_team(self, on: bool) -> None:
+        """decode_layers at more than one thread: one thread team for the whole call (True, the
+        default) or a parallel region per kernel call (False); for A/B measurements and tests."""
+        self._set_team(1 if on else 0)
 
     @classmethod
     def supports(cls, x: torch.Tensor) -> bool:

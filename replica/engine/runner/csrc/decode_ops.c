@@ -23,6 +23,9 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 enum { DT_F32 = 0, DT_BF16 = 1 };
 
@@ -202,11 +205,27 @@ typedef struct {
 /* x [M, hidden] bfloat16, the residual stream: replaced by the last layer's output.
  * cos, sin [M, hd] bfloat16; slots [M]; block_tables [M, max_blocks]; context_lens [M] (int64).
  * Returns 0, or a negative code: -1 shape, -2 out of memory, -3 a kernel refused. */
+static int decode_layers_team(const decode_layer *layers, int64_t num_layers, const decode_kernels *k, uint16_t *x,
+                              int64_t M, const uint16_t *cos, const uint16_t *sin, const int64_t *slots,
+                              const int64_t *block_tables, int64_t max_blocks, const int64_t *context_lens,
+                              int64_t hidden, int64_t nh, int64_t kvh, int64_t hd, int64_t inter, int64_t block_size,
+                              float eps, float scale, int64_t num_threads);
+
+/* 1 (default): with num_threads > 1, one OpenMP region for the whole call (decode_layers_team);
+ * 0: each kernel opens its own region (~150 a batch-1 step). For A/B measurements. */
+static int team_mode = 1;
+void decode_layers_set_team(int64_t on) { team_mode = on != 0; }
+
 int decode_layers(const decode_layer *layers, int64_t num_layers, const decode_kernels *k, uint16_t *x, int64_t M,
                   const uint16_t *cos, const uint16_t *sin, const int64_t *slots, const int64_t *block_tables,
                   int64_t max_blocks, const int64_t *context_lens, int64_t hidden, int64_t nh, int64_t kvh,
                   int64_t hd, int64_t inter, int64_t block_size, float eps, float scale, int64_t num_threads) {
     if (M < 1 || M > MAX_DECODE_ROWS || hd % 2 || nh % kvh) return -1;
+#ifdef _OPENMP
+    if (team_mode && num_threads > 1)
+        return decode_layers_team(layers, num_layers, k, x, M, cos, sin, slots, block_tables, max_blocks,
+                                  context_lens, hidden, nh, kvh, hd, inter, block_size, eps, scale, num_threads);
+#endif
     const int64_t qkv_cols = (nh + 2 * kvh) * hd, q_cols = nh * hd, kv_cols = kvh * hd;
     /* one scratch allocation for the step: bf16 buffers, then float32 ones */
     const size_t bf16_elems = (size_t)M * (size_t)(qkv_cols + q_cols + 4 * hidden + 3 * inter);
@@ -255,3 +274,121 @@ int decode_layers(const decode_layer *layers, int64_t num_layers, const decode_k
     free(scratch);
     return status;
 }
+
+#ifdef _OPENMP
+/* ---- the same step with one thread team for the whole call ----
+ * The ~150 parallel regions a batch-1 step opens (one per product and attention call) cost a
+ * thread wake-up each; here the team is started once and meets at 5 barriers a layer:
+ *   each thread: input RMSNorm (redundantly, into its own buffer; M x hidden is tiny), its
+ *     share of the qkv output rows                                                  | barrier
+ *   rows r = t, t + nt, ...: RoPE, the K/V write, q -> float32, attention, -> bf16  | barrier
+ *   its share of the o rows                                                         | barrier
+ *   residual add + RMSNorm (redundantly, own buffers), its share of gate_up          | barrier
+ *   SiLU x mul (redundantly, own buffer), its share of down, then x for those columns| barrier
+ * Every output element is computed by the same kernel call on the same inputs as the one-team
+ * path (each product row, each (sequence, KV head) of attention is independent), so the result
+ * is bit-equal. Kernel refusals are recorded and returned after the whole pass (no early exit:
+ * every thread must meet every barrier). */
+
+static int64_t gguf_type_bytes(int64_t type) { /* bytes per 32-value block: Q4_0, Q4_1, Q8_0 */
+    return type == 2 ? 18 : type == 3 ? 20 : type == 8 ? 34 : 0;
+}
+
+/* thread t of nt: rows [n0, n1) of N, split in multiples of 16 */
+static inline void share(int64_t N, int t, int nt, int64_t *n0, int64_t *n1) {
+    const int64_t per = ((N + nt - 1) / nt + 15) & ~(int64_t)15;
+    *n0 = t * per < N ? t * per : N;
+    *n1 = (t + 1) * per < N ? (t + 1) * per : N;
+}
+
+/* this thread's rows of y [M, N] = x [M, K] @ W^T, one thread (tmp: M x its share, for M > 1) */
+static int part_matmul(const decode_kernels *k, const void *w, int64_t type, const uint16_t *xin, uint16_t *y,
+                       int64_t M, int64_t N, int64_t K, int t, int nt, uint16_t *tmp, int64_t *n0, int64_t *n1) {
+    share(N, t, nt, n0, n1);
+    const int64_t n = *n1 - *n0;
+    if (n <= 0) return 0;
+    const void *ws = (const char *)w + *n0 * (K / 32) * gguf_type_bytes(type);
+    if (M == 1) return k->matmul(ws, type, xin, y + *n0, 1, n, K, 1, DT_BF16);
+    if (k->matmul(ws, type, xin, tmp, M, n, K, 1, DT_BF16)) return -1;
+    for (int64_t r = 0; r < M; r++) memcpy(y + r * N + *n0, tmp + r * n, (size_t)n * 2);
+    return 0;
+}
+
+static int decode_layers_team(const decode_layer *layers, int64_t num_layers, const decode_kernels *k, uint16_t *x,
+                              int64_t M, const uint16_t *cos, const uint16_t *sin, const int64_t *slots,
+                              const int64_t *block_tables, int64_t max_blocks, const int64_t *context_lens,
+                              int64_t hidden, int64_t nh, int64_t kvh, int64_t hd, int64_t inter, int64_t block_size,
+                              float eps, float scale, int64_t num_threads) {
+    for (int64_t l = 0; l < num_layers; l++) { /* refuse unknown block types before the team starts */
+        const decode_layer *L = layers + l;
+        if (!gguf_type_bytes(L->qkv_type) || !gguf_type_bytes(L->o_type) || !gguf_type_bytes(L->gate_up_type) ||
+            !gguf_type_bytes(L->down_type))
+            return -3;
+    }
+    const int64_t qkv_cols = (nh + 2 * kvh) * hd, q_cols = nh * hd, kv_cols = kvh * hd;
+    int64_t max_n = qkv_cols > 2 * inter ? qkv_cols : 2 * inter;
+    if (hidden > max_n) max_n = hidden;
+    /* shared: qkv, att, o, gate_up, down (bf16), q32, att32 (float32) */
+    const size_t shared_bf16 = (size_t)M * (size_t)(qkv_cols + q_cols + 2 * hidden + 2 * inter);
+    char *shared = malloc(shared_bf16 * 2 + (size_t)M * (size_t)(2 * q_cols) * 4 + 64);
+    if (!shared) return -2;
+    uint16_t *qkv = (uint16_t *)shared, *att = qkv + M * qkv_cols, *o = att + M * q_cols, *down = o + M * hidden;
+    uint16_t *gate_up = down + M * hidden;
+    float *q32 = (float *)(((uintptr_t)(gate_up + M * 2 * inter) + 63) & ~(uintptr_t)63), *att32 = q32 + M * q_cols;
+    int status = 0;
+#pragma omp parallel num_threads(num_threads)
+    {
+        const int t = omp_get_thread_num(), nt = omp_get_num_threads();
+        /* own: normed, h [M, hidden], act [M, inter], tmp [M, max_n] */
+        uint16_t *own = malloc((size_t)M * (size_t)(2 * hidden + inter + max_n) * 2);
+        int err = own ? 0 : -2;
+        uint16_t *normed = own, *h = own ? normed + M * hidden : NULL, *act = own ? h + M * hidden : NULL;
+        uint16_t *tmp = own ? act + M * inter : NULL;
+        int64_t n0, n1;
+        for (int64_t l = 0; l < num_layers; l++) {
+            const decode_layer *L = layers + l;
+            if (!err && (k->rms_norm(x, NULL, L->input_norm, NULL, normed, M, hidden, eps) ||
+                         part_matmul(k, L->qkv, L->qkv_type, normed, qkv, M, qkv_cols, hidden, t, nt, tmp, &n0, &n1)))
+                err = -3;
+#pragma omp barrier
+            for (int64_t r = t; r < M && !err; r += nt) {
+                uint16_t *row = qkv + r * qkv_cols;
+                rope_row(row, nh + kvh, hd, cos + r * hd, sin + r * hd, DT_BF16);
+                const int64_t slot = slots[r];
+                memcpy((uint16_t *)L->k_pool + slot * kv_cols, row + q_cols, (size_t)kv_cols * 2);
+                memcpy((uint16_t *)L->v_pool + slot * kv_cols, row + q_cols + kv_cols, (size_t)kv_cols * 2);
+                for (int64_t i = 0; i < q_cols; i++) q32[r * q_cols + i] = bf16_to_float(row[i]);
+                if (k->attention(q32 + r * q_cols, L->k_pool, L->v_pool, block_tables + r * max_blocks,
+                                 context_lens + r, att32 + r * q_cols, 1, nh, kvh, hd, block_size, max_blocks, scale,
+                                 KV_BF16, 1))
+                    err = -3;
+                for (int64_t i = 0; i < q_cols; i++) att[r * q_cols + i] = float_to_bf16(att32[r * q_cols + i]);
+            }
+#pragma omp barrier
+            if (!err && part_matmul(k, L->o, L->o_type, att, o, M, hidden, q_cols, t, nt, tmp, &n0, &n1)) err = -3;
+#pragma omp barrier
+            if (!err && (k->rms_norm(x, o, L->post_norm, h, normed, M, hidden, eps) ||
+                         part_matmul(k, L->gate_up, L->gate_up_type, normed, gate_up, M, 2 * inter, hidden, t, nt,
+                                     tmp, &n0, &n1)))
+                err = -3;
+#pragma omp barrier
+            if (!err) {
+                for (int64_t r = 0; r < M; r++) silu_mul_row(gate_up + r * 2 * inter, act + r * inter, inter, DT_BF16);
+                if (part_matmul(k, L->down, L->down_type, act, down, M, hidden, inter, t, nt, tmp, &n0, &n1)) err = -3;
+                else
+                    for (int64_t r = 0; r < M; r++)
+                        for (int64_t i = r * hidden + n0; i < r * hidden + n1; i++)
+                            x[i] = float_to_bf16(bf16_to_float(h[i]) + bf16_to_float(down[i]));
+            }
+#pragma omp barrier
+        }
+        free(own);
+        if (err) {
+#pragma omp atomic write
+            status = err;
+        }
+    }
+    free(shared);
+    return status;
+}
+#endif
