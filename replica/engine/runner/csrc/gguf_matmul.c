@@ -266,19 +266,12 @@ static inline int64_t block_bytes(int type) {
                                                                                : (int64_t)sizeof(block_q8_0);
 }
 
-/* Returns 0, or -1 for an unsupported type, io_dtype or shape. */
-int gguf_matmul(const void *w, int64_t type, const void *x, void *y, int64_t M, int64_t N, int64_t K,
-                int64_t num_threads, int64_t io_dtype) {
-    if ((type != GGML_Q4_0 && type != GGML_Q4_1 && type != GGML_Q8_0) || K % QK || M < 1) return -1;
-    if (io_dtype != IO_F32 && io_dtype != IO_BF16) return -1;
-    const int64_t nb = K / QK, bsz = block_bytes((int)type), row_bytes = nb * bsz;
-    int8_t *xq = malloc((size_t)(M * K));
-    float *xd = malloc(sizeof(float) * (size_t)(M * nb)), *xs = malloc(sizeof(float) * (size_t)(M * nb));
-    if (!xq || !xd || !xs) { free(xq); free(xd); free(xs); return -1; }
-    quantize_rows(x, (int)io_dtype, M, K, xq, xd, xs);
-    const int parallel = num_threads > 1 && N * row_bytes >= PARALLEL_MIN_BYTES;
-#pragma omp parallel for schedule(static) num_threads(num_threads) if(parallel)
-    for (int64_t n = 0; n < N; n++) {
+/* output row n of y (all M rows of x) */
+static inline __attribute__((always_inline)) void output_row(const void *w, int64_t type, void *y, int64_t M,
+                                                             int64_t N, int64_t K, int64_t io_dtype, int64_t nb,
+                                                             int64_t bsz, int64_t row_bytes, const int8_t *xq,
+                                                             const float *xd, const float *xs, int64_t n) {
+    {
         const uint8_t *wrow = (const uint8_t *)w + n * row_bytes;
         for (int64_t m0 = 0; m0 < M; m0 += ROWS_PER_PASS) {
             const int64_t rows = M - m0 < ROWS_PER_PASS ? M - m0 : ROWS_PER_PASS;
@@ -339,6 +332,26 @@ int gguf_matmul(const void *w, int64_t type, const void *x, void *y, int64_t M, 
                 else ((float *)y)[(m0 + r) * N + n] = value;
             }
         }
+    }
+}
+
+/* Returns 0, or -1 for an unsupported type, io_dtype or shape. */
+int gguf_matmul(const void *w, int64_t type, const void *x, void *y, int64_t M, int64_t N, int64_t K,
+                int64_t num_threads, int64_t io_dtype) {
+    if ((type != GGML_Q4_0 && type != GGML_Q4_1 && type != GGML_Q8_0) || K % QK || M < 1) return -1;
+    if (io_dtype != IO_F32 && io_dtype != IO_BF16) return -1;
+    const int64_t nb = K / QK, bsz = block_bytes((int)type), row_bytes = nb * bsz;
+    int8_t *xq = malloc((size_t)(M * K));
+    float *xd = malloc(sizeof(float) * (size_t)(M * nb)), *xs = malloc(sizeof(float) * (size_t)(M * nb));
+    if (!xq || !xd || !xs) { free(xq); free(xd); free(xs); return -1; }
+    quantize_rows(x, (int)io_dtype, M, K, xq, xd, xs);
+    if (num_threads > 1 && N * row_bytes >= PARALLEL_MIN_BYTES) {
+#pragma omp parallel for schedule(static) num_threads(num_threads)
+        for (int64_t n = 0; n < N; n++) output_row(w, type, y, M, N, K, io_dtype, nb, bsz, row_bytes, xq, xd, xs, n);
+    } else {
+        /* no OpenMP region at all: one from inside decode_layers' thread team would be a nested
+         * team of one, started and joined per call */
+        for (int64_t n = 0; n < N; n++) output_row(w, type, y, M, N, K, io_dtype, nb, bsz, row_bytes, xq, xd, xs, n);
     }
     free(xq); free(xd); free(xs);
     return 0;

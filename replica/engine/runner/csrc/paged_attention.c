@@ -302,6 +302,110 @@ static inline __attribute__((always_inline)) void attend32_avx512(
 #define HAVE_AVX512 0
 #endif
 
+/* one (sequence b, KV head kh) task: the group of query heads sharing that KV head */
+static void attend_task(
+    const float *q, const void *k_pool, const void *v_pool, const int64_t *block_tables, const int64_t *context_lens,
+    float *out, int64_t nh, int64_t hd, int64_t block_size, int64_t max_blocks, float scale, int64_t kv_dtype,
+    int64_t group, int64_t token_stride, int64_t b, int64_t kh) {
+    {
+#if HAVE_AVX512
+    if (hd % 32 == 0) {
+        const float *qa = q + (b * nh + kh * group) * hd;
+        float *oa = out + (b * nh + kh * group) * hd;
+        const int64_t *ta = block_tables + b * max_blocks;
+        if (kv_dtype == KV_BF16 && (hd == 64 || hd == 128) && group <= 8) {
+            /* the common shapes with compile-time group and head dim: the accumulators
+             * stay in registers (1.2-1.3x over the runtime-shaped loop) */
+#define ATTEND_BF16(G, HD) attend32_avx512(qa, k_pool, v_pool, ta, context_lens[b], G, HD, kh, block_size, token_stride, scale, oa, KV_BF16)
+#define ATTEND_BF16_G(G) if (hd == 64) ATTEND_BF16(G, 64); else ATTEND_BF16(G, 128)
+            switch (group) {
+                case 1: ATTEND_BF16_G(1); break;
+                case 2: ATTEND_BF16_G(2); break;
+                case 3: ATTEND_BF16_G(3); break;
+                case 4: ATTEND_BF16_G(4); break;
+                case 5: ATTEND_BF16_G(5); break;
+                case 6: ATTEND_BF16_G(6); break;
+                case 7: ATTEND_BF16_G(7); break;
+                default: ATTEND_BF16_G(8); break;
+            }
+#undef ATTEND_BF16_G
+#undef ATTEND_BF16
+        } else if (kv_dtype == KV_BF16)
+            attend32_avx512(qa, k_pool, v_pool, ta, context_lens[b], group, hd, kh, block_size, token_stride, scale, oa, KV_BF16);
+        else if (kv_dtype == KV_F16)
+            attend32_avx512(qa, k_pool, v_pool, ta, context_lens[b], group, hd, kh, block_size, token_stride, scale, oa, KV_F16);
+        else
+            attend32_avx512(qa, k_pool, v_pool, ta, context_lens[b], group, hd, kh, block_size, token_stride, scale, oa, KV_F32);
+        return;
+    }
+    if (hd % 16 == 0) {
+        const float *qa = q + (b * nh + kh * group) * hd;
+        float *oa = out + (b * nh + kh * group) * hd;
+        const int64_t *ta = block_tables + b * max_blocks;
+        if (kv_dtype == KV_BF16)
+            attend_avx512(qa, k_pool, v_pool, ta, context_lens[b], group, hd, kh, block_size, token_stride, scale, oa, KV_BF16);
+        else if (kv_dtype == KV_F16)
+            attend_avx512(qa, k_pool, v_pool, ta, context_lens[b], group, hd, kh, block_size, token_stride, scale, oa, KV_F16);
+        else
+            attend_avx512(qa, k_pool, v_pool, ta, context_lens[b], group, hd, kh, block_size, token_stride, scale, oa, KV_F32);
+        return;
+    }
+#endif
+    float kf[MAX_HD], vf[MAX_HD];
+    float scores[MAX_GROUP][MAX_BS];
+    float acc[MAX_GROUP][MAX_HD];
+    float m[MAX_GROUP], l[MAX_GROUP];
+    const int64_t len = context_lens[b];
+    const int64_t *table = block_tables + b * max_blocks;
+    const float *qg = q + (b * nh + kh * group) * hd;
+    for (int64_t g = 0; g < group; g++) {
+        m[g] = 0.f; /* unused until the first block sets it */
+        l[g] = 0.f;
+        memset(acc[g], 0, sizeof(float) * hd);
+    }
+    for (int64_t start = 0; start < len; start += block_size) {
+        const int64_t n = len - start < block_size ? len - start : block_size;
+        const int64_t base = table[start / block_size] * block_size * token_stride + kh * hd;
+        for (int64_t t = 0; t < n; t++) {
+            widen(k_pool, base + t * token_stride, hd, (int)kv_dtype, kf);
+            for (int64_t g = 0; g < group; g++) {
+                const float *qh = qg + g * hd;
+                float s = 0.f;
+                for (int64_t d = 0; d < hd; d++) s += qh[d] * kf[d];
+                scores[g][t] = s * scale;
+            }
+        }
+        for (int64_t g = 0; g < group; g++) {
+            float block_max = start ? m[g] : scores[g][0];
+            for (int64_t t = 0; t < n; t++) block_max = scores[g][t] > block_max ? scores[g][t] : block_max;
+            const float correction = start ? expf(m[g] - block_max) : 0.f;
+            float sum = 0.f;
+            for (int64_t t = 0; t < n; t++) {
+                scores[g][t] = expf(scores[g][t] - block_max);
+                sum += scores[g][t];
+            }
+            l[g] = l[g] * correction + sum;
+            m[g] = block_max;
+            if (correction != 1.f)
+                for (int64_t d = 0; d < hd; d++) acc[g][d] *= correction;
+        }
+        for (int64_t t = 0; t < n; t++) {
+            widen(v_pool, base + t * token_stride, hd, (int)kv_dtype, vf);
+            for (int64_t g = 0; g < group; g++) {
+                const float p = scores[g][t];
+                float *a = acc[g];
+                for (int64_t d = 0; d < hd; d++) a[d] += p * vf[d];
+            }
+        }
+    }
+    float *og = out + (b * nh + kh * group) * hd;
+    for (int64_t g = 0; g < group; g++) {
+        const float inv = l[g] > 0.f ? 1.f / l[g] : 0.f;
+        for (int64_t d = 0; d < hd; d++) og[g * hd + d] = acc[g][d] * inv;
+    }
+}
+}
+
 /* Returns 0, or -1 when a dimension exceeds the stack buffers (the caller then uses PyTorch). */
 int paged_decode_attention(const float *q, const void *k_pool, const void *v_pool,
                            const int64_t *block_tables, const int64_t *context_lens,
@@ -311,105 +415,17 @@ int paged_decode_attention(const float *q, const void *k_pool, const void *v_poo
     const int64_t group = nh / kvh;
     if (hd > MAX_HD || group > MAX_GROUP || block_size > MAX_BS || group * kvh != nh) return -1;
     const int64_t token_stride = kvh * hd;
+    if (num_threads > 1) {
 #pragma omp parallel for collapse(2) schedule(dynamic, 1) num_threads(num_threads)
-    for (int64_t b = 0; b < B; b++) {
-        for (int64_t kh = 0; kh < kvh; kh++) {
-#if HAVE_AVX512
-            if (hd % 32 == 0) {
-                const float *qa = q + (b * nh + kh * group) * hd;
-                float *oa = out + (b * nh + kh * group) * hd;
-                const int64_t *ta = block_tables + b * max_blocks;
-                if (kv_dtype == KV_BF16 && (hd == 64 || hd == 128) && group <= 8) {
-                    /* the common shapes with compile-time group and head dim: the accumulators
-                     * stay in registers (1.2-1.3x over the runtime-shaped loop) */
-#define ATTEND_BF16(G, HD) attend32_avx512(qa, k_pool, v_pool, ta, context_lens[b], G, HD, kh, block_size, token_stride, scale, oa, KV_BF16)
-#define ATTEND_BF16_G(G) if (hd == 64) ATTEND_BF16(G, 64); else ATTEND_BF16(G, 128)
-                    switch (group) {
-                        case 1: ATTEND_BF16_G(1); break;
-                        case 2: ATTEND_BF16_G(2); break;
-                        case 3: ATTEND_BF16_G(3); break;
-                        case 4: ATTEND_BF16_G(4); break;
-                        case 5: ATTEND_BF16_G(5); break;
-                        case 6: ATTEND_BF16_G(6); break;
-                        case 7: ATTEND_BF16_G(7); break;
-                        default: ATTEND_BF16_G(8); break;
-                    }
-#undef ATTEND_BF16_G
-#undef ATTEND_BF16
-                } else if (kv_dtype == KV_BF16)
-                    attend32_avx512(qa, k_pool, v_pool, ta, context_lens[b], group, hd, kh, block_size, token_stride, scale, oa, KV_BF16);
-                else if (kv_dtype == KV_F16)
-                    attend32_avx512(qa, k_pool, v_pool, ta, context_lens[b], group, hd, kh, block_size, token_stride, scale, oa, KV_F16);
-                else
-                    attend32_avx512(qa, k_pool, v_pool, ta, context_lens[b], group, hd, kh, block_size, token_stride, scale, oa, KV_F32);
-                continue;
-            }
-            if (hd % 16 == 0) {
-                const float *qa = q + (b * nh + kh * group) * hd;
-                float *oa = out + (b * nh + kh * group) * hd;
-                const int64_t *ta = block_tables + b * max_blocks;
-                if (kv_dtype == KV_BF16)
-                    attend_avx512(qa, k_pool, v_pool, ta, context_lens[b], group, hd, kh, block_size, token_stride, scale, oa, KV_BF16);
-                else if (kv_dtype == KV_F16)
-                    attend_avx512(qa, k_pool, v_pool, ta, context_lens[b], group, hd, kh, block_size, token_stride, scale, oa, KV_F16);
-                else
-                    attend_avx512(qa, k_pool, v_pool, ta, context_lens[b], group, hd, kh, block_size, token_stride, scale, oa, KV_F32);
-                continue;
-            }
-#endif
-            float kf[MAX_HD], vf[MAX_HD];
-            float scores[MAX_GROUP][MAX_BS];
-            float acc[MAX_GROUP][MAX_HD];
-            float m[MAX_GROUP], l[MAX_GROUP];
-            const int64_t len = context_lens[b];
-            const int64_t *table = block_tables + b * max_blocks;
-            const float *qg = q + (b * nh + kh * group) * hd;
-            for (int64_t g = 0; g < group; g++) {
-                m[g] = 0.f; /* unused until the first block sets it */
-                l[g] = 0.f;
-                memset(acc[g], 0, sizeof(float) * hd);
-            }
-            for (int64_t start = 0; start < len; start += block_size) {
-                const int64_t n = len - start < block_size ? len - start : block_size;
-                const int64_t base = table[start / block_size] * block_size * token_stride + kh * hd;
-                for (int64_t t = 0; t < n; t++) {
-                    widen(k_pool, base + t * token_stride, hd, (int)kv_dtype, kf);
-                    for (int64_t g = 0; g < group; g++) {
-                        const float *qh = qg + g * hd;
-                        float s = 0.f;
-                        for (int64_t d = 0; d < hd; d++) s += qh[d] * kf[d];
-                        scores[g][t] = s * scale;
-                    }
-                }
-                for (int64_t g = 0; g < group; g++) {
-                    float block_max = start ? m[g] : scores[g][0];
-                    for (int64_t t = 0; t < n; t++) block_max = scores[g][t] > block_max ? scores[g][t] : block_max;
-                    const float correction = start ? expf(m[g] - block_max) : 0.f;
-                    float sum = 0.f;
-                    for (int64_t t = 0; t < n; t++) {
-                        scores[g][t] = expf(scores[g][t] - block_max);
-                        sum += scores[g][t];
-                    }
-                    l[g] = l[g] * correction + sum;
-                    m[g] = block_max;
-                    if (correction != 1.f)
-                        for (int64_t d = 0; d < hd; d++) acc[g][d] *= correction;
-                }
-                for (int64_t t = 0; t < n; t++) {
-                    widen(v_pool, base + t * token_stride, hd, (int)kv_dtype, vf);
-                    for (int64_t g = 0; g < group; g++) {
-                        const float p = scores[g][t];
-                        float *a = acc[g];
-                        for (int64_t d = 0; d < hd; d++) a[d] += p * vf[d];
-                    }
-                }
-            }
-            float *og = out + (b * nh + kh * group) * hd;
-            for (int64_t g = 0; g < group; g++) {
-                const float inv = l[g] > 0.f ? 1.f / l[g] : 0.f;
-                for (int64_t d = 0; d < hd; d++) og[g * hd + d] = acc[g][d] * inv;
-            }
-        }
+        for (int64_t b = 0; b < B; b++)
+            for (int64_t kh = 0; kh < kvh; kh++)
+                attend_task(q, k_pool, v_pool, block_tables, context_lens, out, nh, hd, block_size, max_blocks,
+                            scale, kv_dtype, group, token_stride, b, kh);
+    } else { /* no OpenMP region (e.g. called from inside decode_layers' thread team) */
+        for (int64_t b = 0; b < B; b++)
+            for (int64_t kh = 0; kh < kvh; kh++)
+                attend_task(q, k_pool, v_pool, block_tables, context_lens, out, nh, hd, block_size, max_blocks,
+                            scale, kv_dtype, group, token_stride, b, kh);
     }
     return 0;
 }
