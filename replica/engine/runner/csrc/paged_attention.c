@@ -180,6 +180,10 @@ static inline __attribute__((always_inline)) void load32(const void *pool, int64
     }
 }
 
+#ifndef ATT_K_ONCE
+#define ATT_K_ONCE 1
+#endif
+
 /* Prefetch n rows of hd values, `stride` values apart, into the cache (every 64-byte line). */
 static inline __attribute__((always_inline)) void prefetch_rows(const void *pool, int64_t offset, int64_t n,
                                                                 int64_t stride, int64_t hd, int kv_dtype) {
@@ -247,7 +251,28 @@ static inline __attribute__((always_inline)) void attend32_avx512(
             prefetch_rows(k_pool, nbase, nn, token_stride, hd, kv_dtype);
             prefetch_rows(v_pool, nbase, nn, token_stride, hd, kv_dtype);
         }
+#if ATT_K_ONCE
+        /* each K row loaded (and widened) once for all the group's query heads */
+        __m512 dd[MAX_GROUP][16];
+        for (int64_t t = 0; t < n; t++) {
+            const int64_t row = base + t * token_stride;
+            __m512 dot[MAX_GROUP];
+            for (int64_t g = 0; g < group; g++) dot[g] = _mm512_setzero_ps();
+            for (int64_t p = 0; p < np; p++) {
+                __m512 a, b;
+                load32(k_pool, row + 32 * p, kv_dtype, &a, &b);
+                for (int64_t g = 0; g < group; g++) {
+                    dot[g] = _mm512_fmadd_ps(_mm512_load_ps(qp[g] + 32 * p), a, dot[g]);
+                    dot[g] = _mm512_fmadd_ps(_mm512_load_ps(qp[g] + 32 * p + 16), b, dot[g]);
+                }
+            }
+            for (int64_t g = 0; g < group; g++) dd[g][t] = dot[g];
+        }
+#endif
         for (int64_t g = 0; g < group; g++) {
+#if ATT_K_ONCE
+            __m512 *d = dd[g];
+#else
             __m512 d[16];
             for (int64_t t = 0; t < n; t++) {
                 const int64_t row = base + t * token_stride;
@@ -259,6 +284,7 @@ static inline __attribute__((always_inline)) void attend32_avx512(
                 }
                 d[t] = dot;
             }
+#endif
             for (int64_t t = n; t < 16; t++) d[t] = _mm512_setzero_ps();
             const __m512 s = sum16x16(d);
             float chunk_max = _mm512_mask_reduce_max_ps(valid, s);
