@@ -15,8 +15,8 @@ machine's measured memory bandwidth, side by side in one process.
   fused products qkv / o / gate_up / down and the head) / median step time. Two ways, stepped
   alternately: `fused` (decode_layers: every decoder layer in one C call) and `modules` (the
   Python module path: 4 product calls and ~20 torch ops a layer); at more than one thread also
-  `fused_regions` (decode_layers with a parallel region per kernel call instead of one thread
-  team for the call). bfloat16 only (the fused step's
+  `fused_team` (decode_layers with one thread team for the whole call, meeting at barriers,
+  instead of a parallel region per kernel call). bfloat16 only (the fused step's
   dtype); skipped with --steps 0.
 Rounds alternate the two, so load from other processes shifts both alike; `fraction` =
 kernel GB/s / machine GB/s is what counts (issue #16's target: >= 0.7); `step.fraction` is the
@@ -52,13 +52,13 @@ def measure_step(ckpt, steps: int, context: int, buffer: torch.Tensor, dtype: to
     times: dict[str, list[float]] = {"fused": [], "modules": []}
     ops = native.load_decode_ops()
     if torch.get_num_threads() > 1 and ops is not None:
-        times["fused_regions"] = []  # decode_layers with a parallel region per kernel call
+        times["fused_team"] = []  # decode_layers with one thread team for the call (opt-in)
     stream = []
     for _ in range(steps):
         for name in times:
             model.fused_decode = name != "modules"
             if ops is not None:
-                ops.set_team(name != "fused_regions")
+                ops.set_team(name == "fused_team")
             t = time.perf_counter()
             engine.step()
             times[name].append(time.perf_counter() - t)
@@ -67,7 +67,7 @@ def measure_step(ckpt, steps: int, context: int, buffer: torch.Tensor, dtype: to
         stream.append(time.perf_counter() - t)
     model.fused_decode = True
     if ops is not None:
-        ops.set_team(True)
+        ops.set_team(False)
     blocks = [m.blocks for m in model.modules() if hasattr(m, "blocks") and isinstance(m.blocks, torch.Tensor)]
     weight_bytes = sum(b.numel() for b in blocks)
     machine = buffer.numel() * 4 / min(stream) / 1e9
