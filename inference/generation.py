@@ -320,7 +320,11 @@ class Generation:
                         if outcome.first_token_at is None:
                             outcome.first_token_at = clock()
                             # Best effort: the lease gives back the rest (or expires) at the end.
-                            await _report(lease.release_prompt())
+                            # A first chunk that is also the last (a one-token reply) gives
+                            # back nothing early: the request's end, next, returns the whole
+                            # lease in its one round trip (end_request).
+                            if not chunk.final:
+                                await _report(lease.release_prompt())
                             await _report(router.first_token(lease))
                         if chunk.text:
                             outcome.deltas.append(chunk.text)
