@@ -285,6 +285,7 @@ class Slot:
     model_version_id: int
     ticket: str
     waited_s: float
+    queued: bool = False  # it waited in the queue (not admitted on entry)
 
     async def release(self) -> None:
         await self.queue.leave(self.model, self.ticket)
@@ -369,7 +370,8 @@ class AdmissionQueue:
             async with self.wakeups.expect(ticket):
                 await self._wait(model, model_version_id, waiter, ticket, capacity, headroom,
                                  refresh, started)
-        return Slot(self, model, model_version_id, ticket, self._clock() - started)
+        return Slot(self, model, model_version_id, ticket, self._clock() - started,
+                    queued=state != 1)
 
     async def _enter_call(self, keys: list, args: list, also) -> int:
         if also is None:

@@ -4,7 +4,8 @@ every SQL statement. A request that finds its key, tenant and model cached makes
 `BEFORE_ROUTING` Redis round trips before it is routed (the key's rate and both token buckets
 in one Lua call; the admission slot with the usage lease and the pending usage event in one
 pipeline) and no database query at all; streaming more tokens costs no more round trips.
-Routing costs `ROUTING` (the snapshot, then the lease with the prefix index and counters), the
+Routing costs `ROUTING` (the lease with the prefix index and counters; its snapshot is read on
+the admission's round trip when the request is admitted on entry), the
 first token one (the prompt's tokens given back; none when the first token is also the last:
 the end gives back the whole lease), and the request's whole end one: the router
 lease, the routing counters, the admission slot, the token bucket's settlement, the final usage
@@ -24,7 +25,7 @@ from inference.router import OutstandingTokens
 pytestmark = [pytest.mark.asyncio, pytest.mark.django_db(transaction=True)]
 
 BEFORE_ROUTING = 2
-ROUTING = 2
+ROUTING = 1
 AT_FIRST_TOKEN = 1
 AT_END = 1
 
@@ -103,6 +104,10 @@ async def test_a_cached_request_costs_few_round_trips_and_none_per_token(
     assert len(long.redis) == len(short.redis), (short.redis, long.redis)  # none per token
     assert short.sql == [] and long.sql == [], "\n".join(short.sql)  # none once cached
     assert len(short.redis) <= BEFORE_ROUTING + ROUTING + AT_FIRST_TOKEN + AT_END, short.redis
+    # The admission's round trip (the last before routing) carries the routing snapshot.
+    admission = short.redis[short.at_routing - 1]
+    for part in ("admission:", "route-seq:", "outstanding:"):
+        assert part in admission, (part, admission[:300])
     # The last round trip is the whole end: each part's keys are in it.
     end = short.redis[-1]
     for part in ("outstanding:", "routing:", "admission:", "bucket:", "billing:usage",
