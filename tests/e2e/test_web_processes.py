@@ -36,7 +36,7 @@ def test_api_processes_share_one_port_and_all_serve():
     try:
         wait_until(every_process_answered, proc, 120, f"{PROCESSES} distinct API processes")
         children = [p for p in psutil.Process(proc.popen.pid).children(recursive=True)
-                    if "daphne" in " ".join(p.cmdline())]
+                    if "llm_platform.server" in p.cmdline()]
         assert seen == {p.pid for p in children}  # the supervisor's daphne children, no other
         assert loops == {"uvloop.Loop"}  # llm_platform/server.py: daphne on uvloop
         # A normal request on the same port: the API works, not only the probe.
