@@ -305,7 +305,8 @@ class Generation:
                     capacity=num_ready * settings.ADMISSION_SLOTS_PER_REPLICA,
                     headroom=num_ready * settings.ADMISSION_HEADROOM_SLOTS_PER_REPLICA,
                     refresh=capacity if cold else None,
-                    also=with_snapshot if route is not None and ready else also)
+                    also=with_snapshot if route is not None and ready else also,
+                    on_wait=lambda: prefetch is not None and prefetch.close())
             except BaseException:
                 if prefetch is not None:
                     prefetch.close()
@@ -322,9 +323,8 @@ class Generation:
                 f"{limits.max_queue_wait_ms} ms wait bound; retry later.", code="queue_timeout",
                 headers={"Retry-After": str(max(1, math.ceil(limits.max_queue_wait_ms / 1000)))},
             ) from None
-        if prefetch is not None and slot.queued:  # read before the wait: stale now
-            prefetch.close()
-            prefetch = None
+        if slot.queued:  # read before the wait: stale now (closed when the wait began, so
+            prefetch = None  # that it holds no in-flight decision of the router meanwhile)
         return Admission(slot, self._clock(), prefetch)
 
     async def _stream(self, prepared: PreparedRequest, outcome: StreamOutcome, tried: set[int],
