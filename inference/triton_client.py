@@ -7,10 +7,11 @@ A usage query (`usage`) sends the one input `control` and reads `control_output`
 
 The request protobuf is built here directly (`build_request`: the same message tritonclient
 builds from `InferInput`s and numpy arrays, checked equal in tests/platform/test_triton_wire.py)
-and each call is one `ModelStreamInfer` call on the replica's channel that writes its request
-and closes its side, then reads responses: no request iterator (grpc.aio runs a task to consume
-one), no numpy, no tritonclient wrapper per response. tritonclient's protobuf messages and stub
-are the protocol; its client class is not on the request path.
+and each call is one `ModelStreamInfer` call on the replica's channel given that one message
+(grpc.aio sends it and closes the call's side while the first response is awaited; writing it
+with `write` and `done_writing` first delayed the first token of concurrent calls), no numpy, no
+async generator to wrap it, no tritonclient wrapper per response. tritonclient's protobuf
+messages and stub are the protocol; its client class is not on the request path.
 
 Every call carries the replica access token (replica/access.py): a replica started by a node
 agent refuses calls without it.
@@ -231,39 +232,30 @@ class TritonReplicaClient:
                                             service_pb2_grpc.GRPCInferenceServiceStub(channel))
         return entry[1]
 
-    async def _call(self, address: str, message):
-        """A ModelStreamInfer call that has sent `message` and closed its side (a call that
-        ended already, e.g. the replica is unreachable, says why at its first `read`)."""
-        call = self._stub(address).ModelStreamInfer(metadata=self._metadata)
-        try:
-            await call.write(message)
-            await call.done_writing()
-        except asyncio.InvalidStateError:
-            pass
-        except BaseException:
-            call.cancel()
-            raise
-        return call
+    def _call(self, address: str, message):
+        """A ModelStreamInfer call sending `message` (grpc.aio writes it, then closes the
+        call's side, while the caller already waits for the first response) and its
+        responses' iterator."""
+        call = self._stub(address).ModelStreamInfer((message,), metadata=self._metadata)
+        return call, call.__aiter__()
 
     async def stream(self, address: str, request: ReplicaRequest) -> AsyncIterator[ReplicaChunk]:
         message = build_request(request)
         finished = False
         timeout = self._first_token_timeout
-        call = None
+        call, responses = self._call(address, message)
         try:
             while not finished:
                 try:
                     # asyncio.timeout, not wait_for: no task of its own per token.
                     async with asyncio.timeout(timeout):
-                        if call is None:
-                            call = await self._call(address, message)
-                        response = await call.read()
+                        response = await anext(responses)
+                except StopAsyncIteration:
+                    raise ReplicaStreamError("the replica closed the stream before the end")
                 except TimeoutError:
                     raise ReplicaUnavailable(f"no response from the replica for {timeout:g} s")
                 except grpc.aio.AioRpcError as exc:
                     raise classify(exc) from exc
-                if response is grpc.aio.EOF:
-                    raise ReplicaStreamError("the replica closed the stream before the end")
                 if response.error_message:
                     raise classify(InferenceServerException(msg=response.error_message))
                 chunk = parse_chunk(response.infer_response)
@@ -271,26 +263,24 @@ class TritonReplicaClient:
                 timeout = self._token_timeout
                 yield chunk
         finally:
-            if not finished and call is not None:
+            if not finished:
                 call.cancel()  # the replica sees is_cancelled() and frees the sequence
 
     async def usage(self, address: str, model_name: str, request_ids: list[str], *,
                     abort: bool = False, wait_s: float = 0.0) -> dict[str, ReplicaUsage]:
         message = build_control_request(model_name, request_ids, abort, wait_s)
-        call = None
+        call, responses = self._call(address, message)
         try:
             async with asyncio.timeout(wait_s + self._token_timeout):
-                call = await self._call(address, message)
-                response = await call.read()
+                response = await anext(responses)
+        except StopAsyncIteration:
+            raise ReplicaStreamError("the replica closed the stream without an answer") from None
         except TimeoutError:
             raise ReplicaUnavailable("no answer to a usage query") from None
         except grpc.aio.AioRpcError as exc:
             raise classify(exc) from exc
         finally:
-            if call is not None:
-                call.cancel()
-        if response is grpc.aio.EOF:
-            raise ReplicaStreamError("the replica closed the stream without an answer")
+            call.cancel()
         if response.error_message:
             raise classify(InferenceServerException(msg=response.error_message))
         return parse_usage(response.infer_response, request_ids)
