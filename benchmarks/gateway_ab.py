@@ -8,7 +8,8 @@ daphne, as `benchmarks.gateway --replica fake` starts them): side A, from anothe
 NAME=VALUE`), and side B, this checkout (`--b-env` likewise). They take turns in short bursts
 of `--burst` non-streaming requests (`max_tokens` 1, `--concurrency` at a time; the order
 alternates every round), and the API processes' CPU time (user + system) is added up per side
-over `--rounds` rounds; the noise then falls on both sides alike. Prints each side's
+over `--rounds` rounds; the noise then falls on both sides alike. `--system-words N` puts a
+long system prompt (one of 12) before each request. Prints each side's
 `cpu_ms_per_request` (all rounds), the median of the rounds' B/A ratios, and the load average.
 The benchmark tenants' request and token limits are lifted (bursts add up past the tier's).
 Measurement only: the numbers of record come from `benchmarks.gateway`.
@@ -33,6 +34,18 @@ from benchmarks.gateway import api_processes, cpu_seconds, timed_round, via_plat
 _UNLIMITED = ("from tenants.models import Tenant; "
               "Tenant.objects.update(requests_per_minute=10**8, tokens_per_minute=10**9, "
               "request_burst=10**8, token_burst=10**9)")
+
+
+async def with_system_prompt(http, fleet, index: int, words: int) -> None:
+    """A short request (`max_tokens` 1) behind a system prompt of `words` words, one of 12
+    (a long prompt: many prefix blocks for the router to match and record)."""
+    system = " ".join(f"rule{(index % 12) * 7 + w % 97}" for w in range(words))
+    body = {"model": "chat-small", "max_tokens": 1, "temperature": 0.0,
+            "messages": [{"role": "system", "content": system},
+                         {"role": "user", "content": f"Question {index}?"}]}
+    reply = await http.post(fleet.base_url + "/v1/generate", json=body,
+                            headers={"Authorization": f"Bearer {fleet.api_key}"})
+    reply.raise_for_status()
 
 
 def _env(pairs: list[str]) -> dict:
@@ -63,7 +76,9 @@ async def run(args) -> dict:
             def short(fleet):
                 async def one(i):
                     async with sem:
-                        return await via_platform(http, fleet, i, 1, stream=False)
+                        if not args.system_words:
+                            return await via_platform(http, fleet, i, 1, stream=False)
+                        return await with_system_prompt(http, fleet, i, args.system_words)
                 return one
 
             for fleet in sides.values():  # warm-up: tokenizer, channels, caches
@@ -92,6 +107,7 @@ async def run(args) -> dict:
         "b_over_a": round(cpu["B"] / cpu["A"], 3) if cpu["A"] else None,
         "b_over_a_median_of_rounds": round(statistics.median(ratios), 3) if ratios else None,
         "rounds": args.rounds, "burst": args.burst, "concurrency": args.concurrency,
+        "system_words": args.system_words,
         "load_average": [round(x, 2) for x in os.getloadavg()],
     }
     return result
@@ -106,6 +122,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--burst", type=int, default=100)
     parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--system-words", type=int, default=0,
+                        help="a system prompt of this many words before each short request")
     parser.add_argument("--database", default="llm_platform_bench_ab",
                         help="prefix of the two sides' databases (_a, _b)")
     parser.add_argument("--out", default=None)

@@ -263,6 +263,10 @@ class ReplicaDirectory:
     def __init__(self, clock: Callable[[], float], ttl_seconds: float):
         self._cache: TtlCache[int, list[ReplicaInfo]] = TtlCache(ready_replicas, clock, ttl_seconds)
 
+    def _scripts(self) -> tuple:
+        """The Lua scripts the snapshot and the lease queue (loaded again on NOSCRIPT)."""
+        return (*self._counter.scripts, *self.state.prefix_index.scripts)
+
     async def ready(self, model_version_id: int) -> list[ReplicaInfo]:
         return await self._cache.get(model_version_id)
 
@@ -424,8 +428,12 @@ class Router:
         raw, parse = await pipelines.execute(
             self.state.redis,
             lambda pipe: self._queue_snapshot(pipe, model_version_id, replicas, request),
-            self._counter.scripts)
+            self._scripts())
         return parse(raw)
+
+    def _scripts(self) -> tuple:
+        """The Lua scripts the snapshot and the lease queue (loaded again on NOSCRIPT)."""
+        return (*self._counter.scripts, *self.state.prefix_index.scripts)
 
     async def ready(self, model_version_id: int) -> list[ReplicaInfo]:
         return await self._directory.ready(model_version_id)
@@ -548,7 +556,7 @@ class Router:
                 self.state.stats.queue_add(pipe, model_version_id, replica_id, policy_name,
                                            routed=1)
 
-            await pipelines.execute(self.state.redis, build, self._counter.scripts)
+            await pipelines.execute(self.state.redis, build, self._scripts())
         except BaseException:  # the caller never sees this lease: give its tokens back here
             self._inflight.remove(inflight)
             await asyncio.shield(_release_quietly(lease))
