@@ -10,6 +10,7 @@ import sys
 import time
 import uuid
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -59,11 +60,12 @@ def _wait(url: str, proc: subprocess.Popen, deadline_s: float) -> None:
     raise RuntimeError(f"{url} not ready after {deadline_s} s")
 
 
-def _start(name: str, args: list[str], env: dict) -> subprocess.Popen:
-    LOGS.mkdir(parents=True, exist_ok=True)
+def _start(name: str, args: list[str], env: dict, *, repo: Path = REPO,
+           python: str = sys.executable, logs: Path = LOGS) -> subprocess.Popen:
+    logs.mkdir(parents=True, exist_ok=True)
     # Own process group; stopped at exit, on SIGTERM/SIGHUP, and by the kernel if we die.
-    return spawn([sys.executable, *args], cwd=REPO, env=env,
-                 stdout=open(LOGS / f"{name}.log", "wb"), stderr=subprocess.STDOUT)
+    return spawn([python, *args], cwd=repo, env=env,
+                 stdout=open(logs / f"{name}.log", "wb"), stderr=subprocess.STDOUT)
 
 
 def _wait_port(port: int, proc: subprocess.Popen, deadline_s: float) -> None:
@@ -74,13 +76,16 @@ def _wait_port(port: int, proc: subprocess.Popen, deadline_s: float) -> None:
 
 def start_fleet(replica: str = "smollm2", database: str = "llm_platform_bench",
                 num_replicas: int = 1, replica_args: tuple[str, ...] = (),
-                api_processes: int = 1) -> Fleet:
+                api_processes: int = 1, *, repo: Path = REPO, python: str = sys.executable,
+                extra_env: dict | None = None, logs: Path = LOGS) -> Fleet:
     """`replica`: "smollm2" (the real engine in tritonserver) or "fake" (tests/fakes: Triton's
     gRPC protocol with a model that costs nothing, to isolate what the platform itself adds).
     `database`: a benchmark's own database (start_fleet stops every replica registered there).
     `num_replicas` real replicas (started together), each with `replica_args` added to
     `python -m replica.launch` (e.g. `--kv-cache-bytes N --num-threads 1`).
     `api_processes`: daphne processes sharing the API's port (llm_platform.web_processes).
+    `repo`, `python`, `extra_env`, `logs`: the platform's code, interpreter, more environment
+    and log folder (benchmarks.gateway_ab runs another checkout's platform beside this one's).
     An interrupted benchmark (SIGTERM, SIGHUP, Ctrl-C) stops the fleet too."""
     stop_on_signals()
     services = ensure_services(REPO / "var", log=lambda *_: None)
@@ -89,33 +94,35 @@ def start_fleet(replica: str = "smollm2", database: str = "llm_platform_bench",
     env = {**os.environ, "DJANGO_SETTINGS_MODULE": "llm_platform.settings",
            "DATABASE_URL": database_url, "REDIS_URL": services.redis_url,
            "REDIS_KEY_PREFIX": f"llmp-bench-{uuid.uuid4().hex[:8]}:", "LOG_LEVEL": "WARNING",
-           "SECRET_KEY": os.environ.get("SECRET_KEY") or secrets.token_urlsafe(48)}
+           "SECRET_KEY": os.environ.get("SECRET_KEY") or secrets.token_urlsafe(48),
+           **(extra_env or {})}
+    start = partial(_start, repo=repo, python=python, logs=logs)
     fleet = Fleet("", "", "", "", services, env=env)
     try:
-        manage = [sys.executable, "manage.py"]
-        subprocess.run([*manage, "migrate", "--noinput"], cwd=REPO, env=env, check=True,
+        manage = [python, "manage.py"]
+        subprocess.run([*manage, "migrate", "--noinput"], cwd=repo, env=env, check=True,
                        stdout=subprocess.DEVNULL)
         subprocess.run([*manage, "registermodel", "chat-small", "--weights", SMOLLM2,
-                        "--context-length", "8192"], cwd=REPO, env=env, check=True,
+                        "--context-length", "8192"], cwd=repo, env=env, check=True,
                        stdout=subprocess.DEVNULL)
         # A version without a price may not serve (registerreplica refuses it).
         subprocess.run([*manage, "setprice", "chat-small", "--input", "0.05", "--output", "0.1"],
-                       cwd=REPO, env=env, check=True, stdout=subprocess.DEVNULL)
+                       cwd=repo, env=env, check=True, stdout=subprocess.DEVNULL)
         tenant = f"bench-{uuid.uuid4().hex[:6]}"
-        subprocess.run([*manage, "createtenant", tenant, "--tier", "interactive"], cwd=REPO,
+        subprocess.run([*manage, "createtenant", tenant, "--tier", "interactive"], cwd=repo,
                        env=env, check=True, stdout=subprocess.DEVNULL)
-        fleet.api_key = subprocess.run([*manage, "createapikey", tenant], cwd=REPO, env=env,
+        fleet.api_key = subprocess.run([*manage, "createapikey", tenant], cwd=repo, env=env,
                                        check=True, capture_output=True, text=True).stdout.strip()
         api_port = free_port()
         ready_urls = []
         for i in range(num_replicas if replica != "fake" else 1):
             grpc_port, http_port, metrics_port = (free_port() for _ in range(3))
             if replica == "fake":
-                server = _start("fake-replica", ["-m", "tests.fakes.triton_server",
+                server = start("fake-replica", ["-m", "tests.fakes.triton_server",
                                                  "--grpc-port", str(grpc_port),
                                                  "--metrics-port", str(metrics_port)], env)
             else:
-                server = _start(f"replica-{i}" if i else "replica",
+                server = start(f"replica-{i}" if i else "replica",
                                 ["-m", "replica.launch", "--model", "chat-small",
                                  "--grpc-port", str(grpc_port), "--http-port", str(http_port),
                                  "--metrics-port", str(metrics_port), *replica_args], env)
@@ -124,7 +131,7 @@ def start_fleet(replica: str = "smollm2", database: str = "llm_platform_bench",
             ready_urls.append((server, grpc_port,
                                f"http://127.0.0.1:{http_port}/v2/models/chat-small/ready"))
         fleet.grpc_address, fleet.metrics_address = fleet.replicas[0]
-        daphne = _start("api", ["-m", "llm_platform.web_processes", "--host", "127.0.0.1",
+        daphne = start("api", ["-m", "llm_platform.web_processes", "--host", "127.0.0.1",
                                 "--port", str(api_port)],
                         {**env, "WEB_PROCESSES": str(api_processes)})
         fleet.procs.append(daphne)
@@ -139,10 +146,10 @@ def start_fleet(replica: str = "smollm2", database: str = "llm_platform_bench",
         subprocess.run([*manage, "shell", "-c",
                         "from models_registry.models import Replica; "
                         "Replica.objects.exclude(state='stopped').update(state='stopped')"],
-                       cwd=REPO, env=env, check=True)
+                       cwd=repo, env=env, check=True)
         for grpc_address, metrics_address in fleet.replicas:
             subprocess.run([*manage, "registerreplica", "chat-small", "--grpc", grpc_address,
-                            "--metrics", metrics_address], cwd=REPO, env=env, check=True,
+                            "--metrics", metrics_address], cwd=repo, env=env, check=True,
                            stdout=subprocess.DEVNULL)
         _wait(fleet.base_url + "/readyz", daphne, 60)
     except BaseException:

@@ -285,6 +285,7 @@ class Slot:
     model_version_id: int
     ticket: str
     waited_s: float
+    queued: bool = False  # it waited in the queue (not admitted on entry)
 
     async def release(self) -> None:
         await self.queue.leave(self.model, self.ticket)
@@ -343,6 +344,7 @@ class AdmissionQueue:
                     headroom: int = 0,
                     refresh: Callable[[], Awaitable[tuple[int, int]]] | None = None,
                     also: Callable[[object], Callable[[list], Awaitable[None]]] | None = None,
+                    on_wait: Callable[[], None] | None = None,
                     ) -> Slot:
         """A slot of `model_version_id` (one of `model`'s versions, which has `capacity`
         slots), at once or after waiting; QueueFull / QueueTimeout otherwise. Cancelling the
@@ -351,7 +353,8 @@ class AdmissionQueue:
         poll, for a version whose capacity is growing (its first replica is loading; no release
         wakes such a waiter, so it finds the new capacity on its fallback poll). `also(pipe)`:
         queues more commands to send with the entry, in the same round trip, and returns the
-        `finish(results)` awaited with their results (or the exception that failed the call)."""
+        `finish(results)` awaited with their results (or the exception that failed the call).
+        `on_wait()`: called once the entry says the request must wait, before it waits."""
         ticket = f"{waiter.tenant}:{model_version_id}:{uuid.uuid4().hex}"
         keys = self.keys(model)
         started = self._clock()
@@ -366,10 +369,13 @@ class AdmissionQueue:
         if state == -1:
             raise QueueFull()
         if state != 1:
+            if on_wait is not None:
+                on_wait()
             async with self.wakeups.expect(ticket):
                 await self._wait(model, model_version_id, waiter, ticket, capacity, headroom,
                                  refresh, started)
-        return Slot(self, model, model_version_id, ticket, self._clock() - started)
+        return Slot(self, model, model_version_id, ticket, self._clock() - started,
+                    queued=state != 1)
 
     async def _enter_call(self, keys: list, args: list, also) -> int:
         if also is None:

@@ -74,7 +74,7 @@ from inference.replica_client import (
 from inference.request import Delta, Done, PreparedRequest, Result
 from inference.request_metering import (Attempt, Ending, Tokens, computed_tokens, end_request,
                                         pending_event)
-from inference.router import Lease, NoReplicaReady, RouteRequest, Router
+from inference.router import Lease, NoReplicaReady, Prefetch, RouteRequest, Router
 from models_registry.selectors import can_cold_start
 from tenants.buckets import TokenBuckets
 
@@ -84,10 +84,12 @@ logger = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class Admission:
     """The admit step's answer: a slot in the model's queue (None: no replica is ready and none
-    is coming, so routing answers 503) and when it was granted."""
+    is coming, so routing answers 503), when it was granted, and the routing snapshot read on
+    the admission's round trip (None when the request waited in the queue: it is stale then)."""
 
     slot: Slot | None
     admitted_at: float
+    prefetch: Prefetch | None = None
 
 
 @dataclass
@@ -103,6 +105,14 @@ class StreamOutcome:
     attempts: list[Attempt] = field(default_factory=list)
     admitted_at: float | None = None  # when the (last) admission slot was granted
     served: Lease | None = None  # the router lease of the replica that sent the final chunk
+
+
+def route_request(prepared: PreparedRequest) -> RouteRequest:
+    return RouteRequest(prepared.principal.tenant_id, len(prepared.prompt_token_ids),
+                        prepared.max_tokens,
+                        block_hashes=prompt_block_hashes(prepared.prompt_token_ids,
+                                                         str(prepared.principal.tenant_id),
+                                                         settings.ROUTER_PREFIX_MAX_BLOCKS))
 
 
 def replica_request(prepared: PreparedRequest) -> ReplicaRequest:
@@ -171,6 +181,7 @@ class Generation:
         usage_lease = UsageLease(self._redis, self._key_prefix, prepared.request_id,
                                  settings.BILLING_LEASE_TTL_SECONDS)
         opened = False
+        prefetch: Prefetch | None = None
 
         def open_usage(pipe):  # the usage lease and pending event ride on the admission call
             nonlocal opened
@@ -181,19 +192,24 @@ class Generation:
             while True:
                 tried: set[int] = set()
                 try:
+                    route = route_request(current)
                     try:
-                        admission = await self._admit(current, None if opened else open_usage)
+                        admission = await self._admit(current, None if opened else open_usage,
+                                                      route)
                     finally:
                         if not opened:  # no admission call (no replica), or it failed before
                             opened = True
                             await _open_usage(prepared, usage_lease)
+                    if prefetch is not None:
+                        prefetch.close()
+                    prefetch = admission.prefetch
                     slot = admission.slot
                     if slot is not None:
                         keepalive.hold("slot", slot.refresh)
                     outcome.admitted_at = admission.admitted_at
                     # aclosing: a client that goes away closes the replica's stream at once.
-                    async with aclosing(self._stream(current, outcome, tried,
-                                                     keepalive)) as deltas:
+                    async with aclosing(self._stream(current, outcome, tried, keepalive, route,
+                                                     prefetch)) as deltas:
                         async for delta in deltas:
                             yield delta
                     break
@@ -226,18 +242,23 @@ class Generation:
                 outcome.status = UsageRecord.Status.CANCELLED
             raise
         finally:
+            if prefetch is not None:  # acquire closes it; a request that never got there
+                prefetch.close()
             # Shielded: a second cancellation must not lose the usage row or the key's state.
             await asyncio.shield(self._finish(current, outcome, result, slot, keepalive,
                                               usage_lease))
 
-    async def _admit(self, prepared: PreparedRequest, also=None) -> Admission:
+    async def _admit(self, prepared: PreparedRequest, also=None,
+                     route: RouteRequest | None = None) -> Admission:
         """A slot of the model version in its model's admission queue (one per model, shared by
         its versions); no slot when no replica is ready (routing then answers 503). Raises 503
         when the queue is full or the tier's wait bound passes. `also(pipe)` queues more
-        commands on the admission's round trip (the usage lease and pending event)."""
+        commands on the admission's round trip (the usage lease and pending event); `route`:
+        the router's snapshot for it is read on that round trip too (`Admission.prefetch`)."""
         model_version_id = prepared.target.model_version_id
         router = self._router
-        num_ready = await router.num_ready(model_version_id)
+        ready = await router.ready(model_version_id)
+        num_ready = len(ready)
         # No replica ready, but one is loading or the version scales from zero: wait for it in
         # the queue (the autoscaler sees the depth and starts one) rather than refuse.
         cold = num_ready == 0 and await can_cold_start(model_version_id)
@@ -257,12 +278,39 @@ class Generation:
                     n * settings.ADMISSION_HEADROOM_SLOTS_PER_REPLICA)
 
         await release_db_connection()  # not held while waiting (prepare and num_ready read it)
+        prefetch: Prefetch | None = None
+
+        def with_snapshot(pipe):
+            nonlocal prefetch
+            parts = []
+            if also is not None:
+                start = len(pipe.command_stack)
+                finish = also(pipe)
+                parts.append((start, len(pipe.command_stack), finish))
+            start = len(pipe.command_stack)
+            prefetch = router.queue_snapshot(pipe, model_version_id, ready, route)
+            parts.append((start, len(pipe.command_stack), prefetch.finish))
+            total = len(pipe.command_stack)
+
+            async def finish_all(results: list) -> None:
+                failed = len(results) != total  # [the exception that failed the call]
+                for first, end, finish in parts:
+                    await finish(results if failed else results[first:end])
+            return finish_all
+
         try:
-            slot = await self._admission.admit(
-                prepared.target.model_name, model_version_id, waiter,
-                capacity=num_ready * settings.ADMISSION_SLOTS_PER_REPLICA,
-                headroom=num_ready * settings.ADMISSION_HEADROOM_SLOTS_PER_REPLICA,
-                refresh=capacity if cold else None, also=also)
+            try:
+                slot = await self._admission.admit(
+                    prepared.target.model_name, model_version_id, waiter,
+                    capacity=num_ready * settings.ADMISSION_SLOTS_PER_REPLICA,
+                    headroom=num_ready * settings.ADMISSION_HEADROOM_SLOTS_PER_REPLICA,
+                    refresh=capacity if cold else None,
+                    also=with_snapshot if route is not None and ready else also,
+                    on_wait=lambda: prefetch is not None and prefetch.close())
+            except BaseException:
+                if prefetch is not None:
+                    prefetch.close()
+                raise
         except QueueFull:
             raise ServiceUnavailable(
                 f"'{prepared.target.model_name}' is at capacity and its queue is full; retry "
@@ -275,26 +323,25 @@ class Generation:
                 f"{limits.max_queue_wait_ms} ms wait bound; retry later.", code="queue_timeout",
                 headers={"Retry-After": str(max(1, math.ceil(limits.max_queue_wait_ms / 1000)))},
             ) from None
-        return Admission(slot, self._clock())
+        if slot.queued:  # read before the wait: stale now (closed when the wait began, so
+            prefetch = None  # that it holds no in-flight decision of the router meanwhile)
+        return Admission(slot, self._clock(), prefetch)
 
     async def _stream(self, prepared: PreparedRequest, outcome: StreamOutcome, tried: set[int],
-                      keepalive: KeepAlive) -> AsyncIterator[Delta]:
+                      keepalive: KeepAlive, route: RouteRequest,
+                      prefetch: Prefetch | None = None) -> AsyncIterator[Delta]:
         """Stream from a ready replica of `prepared.target` until the final chunk (in
         `outcome.final`); a replica failing before the first token is retried on another (at
         most ROUTER_MAX_ATTEMPTS); each outcome is reported to the router (circuit, prefix
-        index)."""
+        index). `prefetch`: the first decision's snapshot, read with the admission."""
         clock, router = self._clock, self._router
         request = replica_request(prepared)
-        route = RouteRequest(prepared.principal.tenant_id, len(prepared.prompt_token_ids),
-                             prepared.max_tokens,
-                             block_hashes=prompt_block_hashes(prepared.prompt_token_ids,
-                                                              request.cache_salt,
-                                                              settings.ROUTER_PREFIX_MAX_BLOCKS))
         while True:
             try:
                 lease = await router.acquire(
                     prepared.target.model_version_id, prepared.target.routing_policy, route,
-                    exclude=frozenset(tried))
+                    exclude=frozenset(tried), prefetch=prefetch)
+                prefetch = None  # a retry reads its own
             except NoReplicaReady as exc:
                 if tried or exc.failing:  # the replicas fail: not a capacity answer
                     raise ReplicaFailed(
@@ -320,7 +367,11 @@ class Generation:
                         if outcome.first_token_at is None:
                             outcome.first_token_at = clock()
                             # Best effort: the lease gives back the rest (or expires) at the end.
-                            await _report(lease.release_prompt())
+                            # A first chunk that is also the last (a one-token reply) gives
+                            # back nothing early: the request's end, next, returns the whole
+                            # lease in its one round trip (end_request).
+                            if not chunk.final:
+                                await _report(lease.release_prompt())
                             await _report(router.first_token(lease))
                         if chunk.text:
                             outcome.deltas.append(chunk.text)

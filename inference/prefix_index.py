@@ -6,14 +6,51 @@ One Redis hash per (model version, block hash): field = replica id, value = when
 last received the block (ms, wall clock: compared across processes). Entries older than
 `ttl_s` are ignored and keys expire after it, so the index forgets what the replica has
 likely evicted; every platform process reads and writes the same keys.
+
+A match and a record are one Lua call each (`_MATCH`, `_RECORD`), whatever the prompt's
+length: up to ROUTER_PREFIX_MAX_BLOCKS blocks were that many HMGETs and twice as many
+HSET/PEXPIRE commands on the router's pipelines, each packed and parsed by redis-py.
 """
 from __future__ import annotations
 
 from typing import Callable, Iterator, Sequence
 
+from common import pipelines
+from common.pipelines import queue_script
 from inference.policies import BLOCK_SIZE
 from replica.engine.kv.block_hash import hash_full_blocks
 from common import redis_keys
+
+# KEYS: the prompt's block keys, in order. ARGV[1]: the oldest time (ms) still counted;
+# ARGV[2..]: replica ids. Returns, per replica in ARGV's order, how many leading blocks it
+# holds (a chain: block i counts only if blocks 1..i-1 do); stops reading once none does.
+_MATCH = """
+local oldest = tonumber(ARGV[1])
+local n = #ARGV - 1
+local fields, alive, matched = {}, {}, {}
+for i = 1, n do fields[i] = ARGV[i + 1]; alive[i] = true; matched[i] = 0 end
+local left = n
+for _, key in ipairs(KEYS) do
+  local row = redis.call('HMGET', key, unpack(fields))
+  for i = 1, n do
+    if alive[i] and ((not row[i]) or tonumber(row[i]) < oldest) then
+      alive[i] = false
+      left = left - 1
+    end
+  end
+  if left == 0 then break end
+  for i = 1, n do if alive[i] then matched[i] = matched[i] + 1 end end
+end
+return matched
+"""
+# KEYS: block keys. ARGV: replica id, now (ms), ttl (ms).
+_RECORD = """
+for _, key in ipairs(KEYS) do
+  redis.call('HSET', key, ARGV[1], ARGV[2])
+  redis.call('PEXPIRE', key, ARGV[3])
+end
+return #KEYS
+"""
 
 
 def prompt_block_hashes(token_ids: Sequence[int], cache_salt: str, max_blocks: int) -> tuple[int, ...]:
@@ -28,6 +65,13 @@ class PrefixIndex:
         self._prefix = key_prefix
         self._clock = clock  # wall-clock seconds
         self._ttl_ms = int(ttl_s * 1000)
+        self._match = redis.register_script(_MATCH)
+        self._record = redis.register_script(_RECORD)
+
+    @property
+    def scripts(self) -> tuple:
+        """The Lua scripts `queue_match` and `queue_record` queue (common/pipelines.py)."""
+        return self._match, self._record
 
     def key(self, model_version_id: int, block_hash: int) -> str:
         return redis_keys.prefix_block(self._prefix, model_version_id, block_hash)
@@ -36,52 +80,42 @@ class PrefixIndex:
                     replica_ids: Sequence[int]) -> dict[int, int]:
         """Per replica: how many leading blocks of `block_hashes` it holds (a chain: block i
         counts only if blocks 0..i-1 do)."""
-        pipe = self._redis.pipeline(transaction=False)
-        parse = self.queue_match(pipe, model_version_id, block_hashes, replica_ids)
-        return parse(iter(await pipe.execute()))
+        raw, parse = await pipelines.execute(
+            self._redis, lambda pipe: self.queue_match(pipe, model_version_id, block_hashes,
+                                                       replica_ids), self.scripts)
+        return parse(iter(raw))
 
     def queue_match(self, pipe, model_version_id: int, block_hashes: Sequence[int],
                     replica_ids: Sequence[int]):
-        """`match` queued on `pipe`; returns the parser (it consumes its results in order)."""
+        """`match` queued on `pipe` (one EVALSHA; run with `scripts` for NOSCRIPT); returns
+        the parser (it consumes its results in order)."""
         reads = bool(block_hashes) and bool(replica_ids)
-        fields = [str(rid) for rid in replica_ids]
         if reads:
-            for block_hash in block_hashes:
-                pipe.hmget(self.key(model_version_id, block_hash), fields)
+            oldest = int(self._clock() * 1000) - self._ttl_ms
+            queue_script(pipe, self._match,
+                         [self.key(model_version_id, h) for h in block_hashes],
+                         [oldest, *[str(rid) for rid in replica_ids]])
 
         def parse(results: Iterator) -> dict[int, int]:
-            matched = {rid: 0 for rid in replica_ids}
             if not reads:
-                return matched
-            rows = [next(results) for _ in block_hashes]
-            oldest = int(self._clock() * 1000) - self._ttl_ms
-            alive = set(replica_ids)
-            for row in rows:
-                for rid, seen in zip(replica_ids, row):
-                    if rid in alive and (seen is None or int(seen) < oldest):
-                        alive.discard(rid)
-                if not alive:
-                    break
-                for rid in alive:
-                    matched[rid] += 1
-            return matched
+                return {rid: 0 for rid in replica_ids}
+            return {rid: int(n) for rid, n in zip(replica_ids, next(results))}
         return parse
 
     async def record(self, model_version_id: int, block_hashes: Sequence[int],
                      replica_id: int) -> None:
         """`replica_id` now holds these blocks (it is about to prefill them)."""
-        pipe = self._redis.pipeline(transaction=False)
-        self.queue_record(pipe, model_version_id, block_hashes, replica_id)
-        await pipe.execute()
+        await pipelines.execute(
+            self._redis, lambda pipe: self.queue_record(pipe, model_version_id, block_hashes,
+                                                        replica_id), self.scripts)
 
     def queue_record(self, pipe, model_version_id: int, block_hashes: Sequence[int],
                      replica_id: int) -> None:
-        """`record` queued on `pipe`."""
-        now_ms = int(self._clock() * 1000)
-        for block_hash in block_hashes:
-            key = self.key(model_version_id, block_hash)
-            pipe.hset(key, str(replica_id), now_ms)
-            pipe.pexpire(key, self._ttl_ms)
+        """`record` queued on `pipe` (one EVALSHA; run with `scripts` for NOSCRIPT)."""
+        if block_hashes:
+            queue_script(pipe, self._record,
+                         [self.key(model_version_id, h) for h in block_hashes],
+                         [str(replica_id), int(self._clock() * 1000), self._ttl_ms])
 
     async def forget(self, model_version_id: int, block_hashes: Sequence[int],
                      replica_id: int) -> None:

@@ -263,6 +263,10 @@ class ReplicaDirectory:
     def __init__(self, clock: Callable[[], float], ttl_seconds: float):
         self._cache: TtlCache[int, list[ReplicaInfo]] = TtlCache(ready_replicas, clock, ttl_seconds)
 
+    def _scripts(self) -> tuple:
+        """The Lua scripts the snapshot and the lease queue (loaded again on NOSCRIPT)."""
+        return (*self._counter.scripts, *self.state.prefix_index.scripts)
+
     async def ready(self, model_version_id: int) -> list[ReplicaInfo]:
         return await self._cache.get(model_version_id)
 
@@ -302,6 +306,41 @@ class _Inflight:
                 break
             n += 1
         return n
+
+
+class Prefetch:
+    """A routing snapshot read on another call's round trip (the admission's, which comes just
+    before routing): `Router.queue_snapshot` queues its reads on that pipeline, `finish` parses
+    its results, and `Router.acquire(..., prefetch=)` decides on it instead of reading its own
+    snapshot, one round trip fewer. It counts as a running decision of its router from the
+    moment it is queued (the router's decisions landing after that are added to it, as to any
+    snapshot) until `close` (idempotent: whoever queued it closes it, used or not)."""
+
+    def __init__(self, router: "Router", model_version_id: int, replica_ids: tuple[int, ...],
+                 request: "RouteRequest", epoch: int):
+        self._router = router
+        self.model_version_id = model_version_id
+        self.replica_ids = replica_ids
+        self.request = request
+        self.epoch = epoch
+        self.snapshot = None  # (request, candidates, circuits, clean) once parsed
+        self._parse = None
+        self._open = True
+
+    async def finish(self, results: list) -> None:
+        """The pipeline's results for the commands this snapshot queued (or [exception])."""
+        if self._parse is None or any(isinstance(r, BaseException) for r in results):
+            return  # a failed read (NOSCRIPT, Redis): acquire reads its own snapshot
+        try:
+            self.snapshot = self._parse(results)
+        except Exception:  # noqa: BLE001 - unreadable: acquire reads its own
+            logger.warning("prefetched routing snapshot unreadable; reading again",
+                           exc_info=True)
+
+    def close(self) -> None:
+        if self._open:
+            self._open = False
+            self._router._decided(self.epoch)
 
 
 @dataclass
@@ -349,54 +388,105 @@ class Router:
             factory = POLICIES[DEFAULT_POLICY]
         return factory(self._rng)
 
+    def _queue_snapshot(self, pipe, model_version_id: int, replicas: list[ReplicaInfo],
+                        request: RouteRequest):
+        """Queue a snapshot's reads on `pipe`; returns the parser of their results (a list,
+        in order) into (request with its sequence, candidates, circuits, clean circuits)."""
+        ids = [r.replica_id for r in replicas]
+        pipe.incr(self.state.sequence_key(model_version_id))
+        self._counter.queue_read(pipe, model_version_id, ids)
+        parse_signals = self.state.signals.queue_read(pipe, ids)
+        parse_prefix = self.state.prefix_index.queue_match(pipe, model_version_id,
+                                                           request.block_hashes, ids)
+        parse_circuits = self.state.circuit.queue_states(pipe, ids)
+
+        def parse(raw: list):
+            results = iter(raw)
+            sequence = next(results)
+            loads = self._counter.parse_read(ids, next(results))
+            signals, prefix, circuits = parse_signals(results), parse_prefix(results), \
+                parse_circuits(results)
+            candidates = []
+            for r in replicas:
+                s = signals.get(r.replica_id)
+                candidates.append(Candidate(
+                    r, loads[r.replica_id], prefix_blocks=prefix[r.replica_id],
+                    kv_free_blocks=s.kv_free_blocks if s else None,
+                    kv_free_uncached_blocks=s.kv_free_uncached_blocks if s else None,
+                    kv_total_blocks=s.kv_total_blocks if s else None,
+                    waiting_seqs=s.waiting_seqs if s else None))
+            return RouteRequest(request.tenant_id, request.num_prompt_tokens, request.max_tokens,
+                                request.block_hashes, sequence), candidates, circuits, \
+                parse_circuits.clean
+        return parse
+
     async def snapshot(self, model_version_id: int, replicas: list[ReplicaInfo],
                        request: RouteRequest
                        ) -> tuple[RouteRequest, list[Candidate], dict[int, str], set[int]]:
         """Everything a decision reads, in one round trip: the round-robin sequence, the
         outstanding tokens, the replicas' signals, the prefix index and the circuits."""
-        ids = [r.replica_id for r in replicas]
+        raw, parse = await pipelines.execute(
+            self.state.redis,
+            lambda pipe: self._queue_snapshot(pipe, model_version_id, replicas, request),
+            self._scripts())
+        return parse(raw)
 
-        def build(pipe):
-            pipe.incr(self.state.sequence_key(model_version_id))
-            self._counter.queue_read(pipe, model_version_id, ids)
-            return (self.state.signals.queue_read(pipe, ids),
-                    self.state.prefix_index.queue_match(pipe, model_version_id,
-                                                        request.block_hashes, ids),
-                    self.state.circuit.queue_states(pipe, ids))
+    def _scripts(self) -> tuple:
+        """The Lua scripts the snapshot and the lease queue (loaded again on NOSCRIPT)."""
+        return (*self._counter.scripts, *self.state.prefix_index.scripts)
 
-        raw, (parse_signals, parse_prefix, parse_circuits) = await pipelines.execute(
-            self.state.redis, build, self._counter.scripts)
-        results = iter(raw)
-        sequence = next(results)
-        loads = self._counter.parse_read(ids, next(results))
-        signals, prefix, circuits = parse_signals(results), parse_prefix(results), \
-            parse_circuits(results)
-        candidates = []
-        for r in replicas:
-            s = signals.get(r.replica_id)
-            candidates.append(Candidate(
-                r, loads[r.replica_id], prefix_blocks=prefix[r.replica_id],
-                kv_free_blocks=s.kv_free_blocks if s else None,
-                kv_free_uncached_blocks=s.kv_free_uncached_blocks if s else None,
-                kv_total_blocks=s.kv_total_blocks if s else None,
-                waiting_seqs=s.waiting_seqs if s else None))
-        return RouteRequest(request.tenant_id, request.num_prompt_tokens, request.max_tokens,
-                            request.block_hashes, sequence), candidates, circuits, \
-            parse_circuits.clean
+    async def ready(self, model_version_id: int) -> list[ReplicaInfo]:
+        return await self._directory.ready(model_version_id)
+
+    def queue_snapshot(self, pipe, model_version_id: int, replicas: list[ReplicaInfo],
+                       request: RouteRequest) -> Prefetch:
+        """A snapshot for the next `acquire` of this request, read on `pipe` (another call's
+        round trip); `replicas`: the version's ready replicas now (`ready`). Await the
+        returned prefetch's `finish` with those commands' results, and `close` it."""
+        prefetch = Prefetch(self, model_version_id, tuple(r.replica_id for r in replicas),
+                            request, self._epoch)
+        self._deciding.append(prefetch.epoch)
+        if replicas:
+            prefetch._parse = self._queue_snapshot(pipe, model_version_id, replicas, request)
+        return prefetch
+
+    def _decided(self, epoch: int) -> None:
+        self._deciding.remove(epoch)
+        self._prune()
 
     async def acquire(self, model_version_id: int, policy_name: str, request: RouteRequest,
-                      exclude: frozenset[int] = frozenset()) -> Lease:
-        ready = await self._directory.ready(model_version_id)
+                      exclude: frozenset[int] = frozenset(),
+                      prefetch: Prefetch | None = None) -> Lease:
+        """`prefetch`: a snapshot of this request read just before (`queue_snapshot`), used
+        when it was read for these very replicas and request; closed here in any case."""
+        try:
+            ready = await self._directory.ready(model_version_id)
+        except BaseException:
+            if prefetch is not None:
+                prefetch.close()
+            raise
         if self._poller is not None:
             self._poller.watch(ready)
         replicas = [r for r in ready if r.replica_id not in exclude]
+        usable = (prefetch is not None and prefetch.snapshot is not None
+                  and prefetch.model_version_id == model_version_id
+                  and prefetch.request is request
+                  and prefetch.replica_ids == tuple(r.replica_id for r in replicas))
+        if prefetch is not None and not usable:
+            prefetch.close()
         if not replicas:
             raise NoReplicaReady()
-        start = self._epoch
-        self._deciding.append(start)
+        if usable:
+            start = prefetch.epoch  # registered as deciding since it was queued
+        else:
+            start = self._epoch
+            self._deciding.append(start)
         try:
-            request, candidates, circuits, clean = await self.snapshot(model_version_id,
-                                                                       replicas, request)
+            if usable:
+                request, candidates, circuits, clean = prefetch.snapshot
+            else:
+                request, candidates, circuits, clean = await self.snapshot(model_version_id,
+                                                                           replicas, request)
             for c in candidates:
                 rid = c.replica.replica_id
                 if circuits[rid] == HALF_OPEN and await self.state.circuit.try_half_open_trial(rid):
@@ -410,8 +500,10 @@ class Router:
                 candidates = self._with_inflight(model_version_id, request, candidates, start)
             chosen = self.policy(policy_name).choose(request, candidates)
         finally:
-            self._deciding.remove(start)
-            self._prune()
+            if usable:
+                prefetch.close()
+            else:
+                self._decided(start)
         return await self._lease(model_version_id, policy_name, request, chosen,
                                  circuit_clean=chosen.replica.replica_id in clean)
 
@@ -464,7 +556,7 @@ class Router:
                 self.state.stats.queue_add(pipe, model_version_id, replica_id, policy_name,
                                            routed=1)
 
-            await pipelines.execute(self.state.redis, build, self._counter.scripts)
+            await pipelines.execute(self.state.redis, build, self._scripts())
         except BaseException:  # the caller never sees this lease: give its tokens back here
             self._inflight.remove(inflight)
             await asyncio.shield(_release_quietly(lease))

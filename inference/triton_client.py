@@ -1,9 +1,17 @@
-"""`ReplicaClient` over Triton's gRPC streaming API (`tritonclient.grpc.aio`).
+"""`ReplicaClient` over Triton's gRPC streaming API (`ModelStreamInfer`).
 
 Tensor interface (mirrors Triton's vLLM backend): inputs text_input, stream, sampling_parameters
 (JSON), exclude_input_in_output, input_ids, priority, cache_salt, tenant; outputs per response
 text_output, finish_reason, num_input_tokens, num_output_tokens, num_cached_tokens, final.
 A usage query (`usage`) sends the one input `control` and reads `control_output`.
+
+The request protobuf is built here directly (`build_request`: the same message tritonclient
+builds from `InferInput`s and numpy arrays, checked equal in tests/platform/test_triton_wire.py)
+and each call is one `ModelStreamInfer` call on the replica's channel given that one message
+(grpc.aio sends it and closes the call's side while the first response is awaited; writing it
+with `write` and `done_writing` first delayed the first token of concurrent calls), no numpy, no
+async generator to wrap it, no tritonclient wrapper per response. tritonclient's protobuf
+messages and stub are the protocol; its client class is not on the request path.
 
 Every call carries the replica access token (replica/access.py): a replica started by a node
 agent refuses calls without it.
@@ -13,13 +21,12 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import struct
 import time
 from typing import AsyncIterator
 
 import grpc
-import numpy as np
-import tritonclient.grpc.aio as triton_aio
-from tritonclient.grpc import InferInput
+from tritonclient.grpc import InferResult, KeepAliveOptions, service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from inference.replica_client import (
@@ -40,24 +47,76 @@ RESTRICTED = "This protocol is restricted"  # Triton's refusal of a call without
 _UNAVAILABLE_CODES = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
 
 
-def _tensor(name: str, array: np.ndarray, datatype: str) -> InferInput:
-    value = InferInput(name, list(array.shape), datatype)
-    value.set_data_from_numpy(array)
-    return value
+# Triton's own bound on a gRPC message (INT32_MAX), as tritonclient sets it on its channels.
+MAX_MESSAGE_BYTES = 2**31 - 1
 
 
-def _text(value: str) -> np.ndarray:
-    return np.array([value.encode("utf-8")], dtype=np.object_)
+def _channel_options() -> list[tuple[str, int]]:
+    """tritonclient's channel options (its KeepAliveOptions defaults)."""
+    keepalive = KeepAliveOptions()
+    return [
+        ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+        ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+        ("grpc.keepalive_time_ms", keepalive.keepalive_time_ms),
+        ("grpc.keepalive_timeout_ms", keepalive.keepalive_timeout_ms),
+        ("grpc.keepalive_permit_without_calls", keepalive.keepalive_permit_without_calls),
+        ("grpc.http2.max_pings_without_data", keepalive.http2_max_pings_without_data),
+    ]
 
 
-def build_control_inputs(request_ids: list[str], abort: bool, wait_s: float) -> list[InferInput]:
+def _bytes_tensor(value: str) -> bytes:
+    """A one-element BYTES tensor's raw content: 4-byte little-endian length, the bytes."""
+    data = value.encode("utf-8")
+    return len(data).to_bytes(4, "little") + data
+
+
+_TRUE = b"\x01"
+
+
+def _add(request, name: str, datatype: str, shape: int, content: bytes) -> None:
+    tensor = request.inputs.add()
+    tensor.name = name
+    tensor.datatype = datatype
+    tensor.shape.append(shape)
+    request.raw_input_contents.append(content)
+
+
+def build_control_request(model_name: str, request_ids: list[str], abort: bool,
+                          wait_s: float) -> service_pb2.ModelInferRequest:
     """A usage query (replica/backend/control_request.py)."""
     control = json.dumps({"usage": list(request_ids), "abort": abort, "wait_s": wait_s})
-    return [_tensor("control", _text(control), "BYTES")]
+    request = service_pb2.ModelInferRequest(model_name=model_name)
+    _add(request, "control", "BYTES", 1, _bytes_tensor(control))
+    return request
 
 
-def parse_usage(result, request_ids: list[str]) -> dict[str, ReplicaUsage]:
-    raw = _scalar(result, "control_output", None)
+def build_request(request: ReplicaRequest) -> service_pb2.ModelInferRequest:
+    """The generation request as Triton's protobuf message."""
+    sampling = {
+        "max_tokens": request.max_tokens,
+        "temperature": request.temperature,
+        "top_p": request.top_p,
+        "stop": list(request.stop),
+    }
+    if request.seed is not None:
+        sampling["seed"] = request.seed
+    message = service_pb2.ModelInferRequest(model_name=request.model_name, id=request.request_id)
+    _add(message, "text_input", "BYTES", 1, _bytes_tensor(request.prompt_text))
+    _add(message, "stream", "BOOL", 1, _TRUE)
+    _add(message, "sampling_parameters", "BYTES", 1, _bytes_tensor(json.dumps(sampling)))
+    _add(message, "exclude_input_in_output", "BOOL", 1, _TRUE)
+    _add(message, "priority", "INT32", 1, request.priority.to_bytes(4, "little", signed=True))
+    _add(message, "cache_salt", "BYTES", 1, _bytes_tensor(request.cache_salt or request.tenant))
+    _add(message, "tenant", "BYTES", 1, _bytes_tensor(request.tenant))
+    if request.prompt_token_ids is not None:
+        ids = request.prompt_token_ids
+        _add(message, "input_ids", "INT64", len(ids), struct.pack(f"<{len(ids)}q", *ids))
+    return message
+
+
+def parse_usage(response, request_ids: list[str]) -> dict[str, ReplicaUsage]:
+    """A usage query's answer (a ModelInferResponse)."""
+    raw = _scalars(response).get("control_output")
     if raw is None:
         raise ReplicaStreamError("the replica answered a usage query without control_output")
     try:
@@ -67,32 +126,8 @@ def parse_usage(result, request_ids: list[str]) -> dict[str, ReplicaUsage]:
         raise ReplicaStreamError(f"unreadable usage answer: {exc}") from exc
 
 
-def build_inputs(request: ReplicaRequest) -> list[InferInput]:
-    sampling = {
-        "max_tokens": request.max_tokens,
-        "temperature": request.temperature,
-        "top_p": request.top_p,
-        "stop": list(request.stop),
-    }
-    if request.seed is not None:
-        sampling["seed"] = request.seed
-    inputs = [
-        _tensor("text_input", _text(request.prompt_text), "BYTES"),
-        _tensor("stream", np.array([True], dtype=bool), "BOOL"),
-        _tensor("sampling_parameters", _text(json.dumps(sampling)), "BYTES"),
-        _tensor("exclude_input_in_output", np.array([True], dtype=bool), "BOOL"),
-        _tensor("priority", np.array([request.priority], dtype=np.int32), "INT32"),
-        _tensor("cache_salt", _text(request.cache_salt or request.tenant), "BYTES"),
-        _tensor("tenant", _text(request.tenant), "BYTES"),
-    ]
-    if request.prompt_token_ids is not None:
-        ids = np.array(request.prompt_token_ids, dtype=np.int64)
-        inputs.append(_tensor("input_ids", ids, "INT64"))
-    return inputs
-
-
-def _scalar(result, name: str, default):
-    array = result.as_numpy(name)
+def _scalar(response, name: str, default):
+    array = InferResult(response).as_numpy(name)
     if array is None or array.size == 0:
         return default
     value = array.reshape(-1)[0]
@@ -119,16 +154,15 @@ _SCALAR_DECODERS = {
 }
 
 
-def _scalars(result) -> dict:
-    """name -> first element of every output, in one pass over the response (outputs whose
-    type has no decoder here go through `as_numpy`)."""
-    response = result.get_response()
+def _scalars(response) -> dict:
+    """name -> first element of every output of a ModelInferResponse, in one pass (outputs
+    whose type has no decoder here go through tritonclient's `as_numpy`)."""
     raw_contents = response.raw_output_contents
     values = {}
     for index, output in enumerate(response.outputs):
         decode = _SCALAR_DECODERS.get(output.datatype)
         if decode is None or index >= len(raw_contents):
-            values[output.name] = _scalar(result, output.name, None)
+            values[output.name] = _scalar(response, output.name, None)
             continue
         raw = raw_contents[index]
         if raw:
@@ -136,8 +170,9 @@ def _scalars(result) -> dict:
     return values
 
 
-def parse_chunk(result) -> ReplicaChunk:
-    values = _scalars(result)
+def parse_chunk(response) -> ReplicaChunk:
+    """A streamed response (ModelInferResponse) as a chunk."""
+    values = _scalars(response)
     get = values.get
     return ReplicaChunk(
         text=get("text_output") or "",
@@ -185,41 +220,45 @@ class TritonReplicaClient:
     def __init__(self, first_token_timeout: float, token_timeout: float, access_token: str = ""):
         self._first_token_timeout = first_token_timeout
         self._token_timeout = token_timeout
-        self._headers = grpc_headers(access_token)
-        self._clients: dict[str, triton_aio.InferenceServerClient] = {}
+        headers = grpc_headers(access_token)
+        self._metadata = tuple(headers.items()) if headers else ()
+        self._stubs: dict[str, tuple[grpc.aio.Channel, service_pb2_grpc.GRPCInferenceServiceStub]] = {}
 
-    def _client(self, address: str) -> triton_aio.InferenceServerClient:
-        client = self._clients.get(address)
-        if client is None:
-            client = triton_aio.InferenceServerClient(address)
-            self._clients[address] = client
-        return client
+    def _stub(self, address: str) -> service_pb2_grpc.GRPCInferenceServiceStub:
+        entry = self._stubs.get(address)
+        if entry is None:
+            channel = grpc.aio.insecure_channel(address, options=_channel_options())
+            entry = self._stubs[address] = (channel,
+                                            service_pb2_grpc.GRPCInferenceServiceStub(channel))
+        return entry[1]
+
+    def _call(self, address: str, message):
+        """A ModelStreamInfer call sending `message` (grpc.aio writes it, then closes the
+        call's side, while the caller already waits for the first response) and its
+        responses' iterator."""
+        call = self._stub(address).ModelStreamInfer((message,), metadata=self._metadata)
+        return call, call.__aiter__()
 
     async def stream(self, address: str, request: ReplicaRequest) -> AsyncIterator[ReplicaChunk]:
-        inputs = build_inputs(request)
-
-        async def requests():
-            yield {"model_name": request.model_name, "inputs": inputs,
-                   "request_id": request.request_id}
-
-        call = self._client(address).stream_infer(requests(), headers=self._headers)
+        message = build_request(request)
         finished = False
         timeout = self._first_token_timeout
+        call, responses = self._call(address, message)
         try:
             while not finished:
                 try:
                     # asyncio.timeout, not wait_for: no task of its own per token.
                     async with asyncio.timeout(timeout):
-                        result, error = await anext(call)
+                        response = await anext(responses)
                 except StopAsyncIteration:
                     raise ReplicaStreamError("the replica closed the stream before the end")
                 except TimeoutError:
                     raise ReplicaUnavailable(f"no response from the replica for {timeout:g} s")
-                except (grpc.aio.AioRpcError, InferenceServerException) as exc:
+                except grpc.aio.AioRpcError as exc:
                     raise classify(exc) from exc
-                if error is not None:
-                    raise classify(error)
-                chunk = parse_chunk(result)
+                if response.error_message:
+                    raise classify(InferenceServerException(msg=response.error_message))
+                chunk = parse_chunk(response.infer_response)
                 finished = chunk.final
                 timeout = self._token_timeout
                 yield chunk
@@ -229,30 +268,27 @@ class TritonReplicaClient:
 
     async def usage(self, address: str, model_name: str, request_ids: list[str], *,
                     abort: bool = False, wait_s: float = 0.0) -> dict[str, ReplicaUsage]:
-        inputs = build_control_inputs(request_ids, abort, wait_s)
-
-        async def requests():
-            yield {"model_name": model_name, "inputs": inputs}
-
-        call = self._client(address).stream_infer(requests(), headers=self._headers)
+        message = build_control_request(model_name, request_ids, abort, wait_s)
+        call, responses = self._call(address, message)
         try:
-            result, error = await asyncio.wait_for(call.__anext__(), wait_s + self._token_timeout)
+            async with asyncio.timeout(wait_s + self._token_timeout):
+                response = await anext(responses)
         except StopAsyncIteration:
             raise ReplicaStreamError("the replica closed the stream without an answer") from None
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise ReplicaUnavailable("no answer to a usage query") from None
-        except (grpc.aio.AioRpcError, InferenceServerException) as exc:
+        except grpc.aio.AioRpcError as exc:
             raise classify(exc) from exc
         finally:
             call.cancel()
-        if error is not None:
-            raise classify(error)
-        return parse_usage(result, request_ids)
+        if response.error_message:
+            raise classify(InferenceServerException(msg=response.error_message))
+        return parse_usage(response.infer_response, request_ids)
 
     async def close(self) -> None:
-        clients, self._clients = self._clients, {}
-        for client in clients.values():
-            await client.close()
+        stubs, self._stubs = self._stubs, {}
+        for channel, _ in stubs.values():
+            await channel.close()
 
 
 async def warm_up(grpc_address: str, model_name: str, access_token: str) -> ReplicaChunk:

@@ -23,9 +23,10 @@ from django.urls import get_resolver  # noqa: E402
 
 from consoles.ws_routing import websocket_urlpatterns as console_ws  # noqa: E402
 from inference.ws_routing import websocket_urlpatterns  # noqa: E402
-from llm_platform.request_heads import answer_overlong_lines  # noqa: E402
+from llm_platform.request_heads import answer_overlong_lines, leave_bodies_to_the_app  # noqa: E402
 
 answer_overlong_lines()  # daphne's HTTP layer: a 431, not a dropped connection
+leave_bodies_to_the_app()  # no form parsing in Twisted: the app reads the body
 
 # Django, Channels and every view module (with all they import) are loaded for good: move
 # them out of the collector's view, so that a full collection under load scans only what

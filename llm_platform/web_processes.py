@@ -3,7 +3,8 @@ several daphne processes sharing one listening socket.
 
 The parent binds the socket (accept backlog 1024: Twisted's default of 50 reset connections
 when a few hundred clients arrived at once) and starts WEB_PROCESSES daphne processes (unset or
-empty: one per CPU this process may run on), each given the socket with `--fd`; the kernel
+empty: one per CPU this process may run on; each on uvloop's event loop, llm_platform/server.py),
+each given the socket with `--fd`; the kernel
 hands each new connection to one of them. Each process has its own event loop and connection
 pools; everything the processes share (quotas, admission, routing, idempotency, usage) is in
 Redis already, so nothing else changes with their number.
@@ -50,6 +51,12 @@ def listen(host: str, port: int, backlog: int = BACKLOG) -> socket.socket:
     return sock
 
 
+def server_command() -> list[str]:
+    """daphne on the event loop API_EVENT_LOOP chooses (llm_platform/server.py: uvloop by
+    default); daphne's options and the application follow."""
+    return [sys.executable, "-m", "llm_platform.server"]
+
+
 def single_endpoint(host: str, port: int) -> str:
     """`daphne -e` endpoint of one daphne that binds its own socket (the e2e tests, the chaos
     benchmark), with the same accept backlog as the shared socket."""
@@ -57,7 +64,7 @@ def single_endpoint(host: str, port: int) -> str:
 
 
 def daphne_command(fd: int, daphne_args: list[str]) -> list[str]:
-    return [sys.executable, "-m", "daphne", "--fd", str(fd), *daphne_args, APPLICATION]
+    return [*server_command(), "--fd", str(fd), *daphne_args, APPLICATION]
 
 
 def start(sock: socket.socket, count: int, daphne_args: list[str] = (), **popen) -> list[subprocess.Popen]:

@@ -35,7 +35,7 @@ import httpx
 
 from benchmarks.chaos.postgres import PostgresServer
 from benchmarks.chaos.process import REPO, Managed, StackError, http_ok, wait_for
-from llm_platform.web_processes import APPLICATION, single_endpoint
+from llm_platform.web_processes import APPLICATION, server_command, single_endpoint
 from replica.access import TOKEN_ENV, access_token
 from scripts.services import free_ports, port_answers
 
@@ -220,7 +220,7 @@ class Stack:
         """daphne; returns seconds until /healthz answers."""
         if self.api is None:
             (self.api_port,) = free_ports(1)
-            argv = [sys.executable, "-m", "daphne", "-e", single_endpoint("127.0.0.1", self.api_port),
+            argv = [*server_command(), "-e", single_endpoint("127.0.0.1", self.api_port),
                     APPLICATION]
             self.api = Managed("daphne", argv, self.env, self.log_dir / "daphne.log")
         self.api.start()

@@ -53,9 +53,12 @@ async def model_view(request, model_id: str):
 async def healthz_view(request):
     """Liveness (also at /health, the path LLM servers and load generators probe): the
     process answers; no dependency is checked (that is /readyz). With
-    settings.API_REPORT_PROCESS_ID, also which process answered (several share one port)."""
+    settings.API_REPORT_PROCESS_ID, also which process answered (several share one port) and
+    the class of its event loop (llm_platform/server.py)."""
     if settings.API_REPORT_PROCESS_ID:
-        return JsonResponse({"status": "ok", "pid": os.getpid()})
+        loop = type(asyncio.get_running_loop())
+        return JsonResponse({"status": "ok", "pid": os.getpid(),
+                             "event_loop": f"{loop.__module__}.{loop.__qualname__}"})
     return JsonResponse({"status": "ok"})
 
 

@@ -76,7 +76,7 @@ def platform_env(**overrides: str) -> dict[str, str]:
 def daphne_server(name: str, env: dict[str, str]) -> Iterator[tuple[str, Proc]]:
     """daphne serving the real ASGI app with `env`: (base URL, process), stopped on exit."""
     port = free_port()
-    proc = start(name, ["-m", "daphne", "-e", single_endpoint("127.0.0.1", port),
+    proc = start(name, ["-m", "llm_platform.server", "-e", single_endpoint("127.0.0.1", port),
                         APPLICATION], env, LOG_DIR)
     url = f"http://127.0.0.1:{port}"
     try:

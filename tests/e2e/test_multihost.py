@@ -126,7 +126,7 @@ def test_requests_stream_from_two_hosts_and_a_cut_node_is_replaced(transactional
     try:
         wait_until(lambda: "forwarding" in forward.log_tail(), forward, 30, "forwarding")
         procs.append(network.start("web", "mh-daphne", [
-            "-m", "daphne", "-e", single_endpoint(web, WEB_PORT),
+            "-m", "llm_platform.server", "-e", single_endpoint(web, WEB_PORT),
             APPLICATION], env, LOG_DIR))
         for host, (zone, name) in nodes.items():
             procs.append(network.start(host, f"mh-agent-{host}", [

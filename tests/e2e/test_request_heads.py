@@ -79,3 +79,22 @@ def test_long_headers_within_the_limits_reach_the_app(live_server_url, key_heade
                                      [b"Authorization: Bearer " + b"k" * 12_000])
     assert status == 401
     assert_json_error(headers, body, "invalid_api_key")
+
+
+def test_a_malformed_multipart_body_reaches_the_app(live_server_url, key_header):
+    """Twisted does not parse form bodies (llm_platform.request_heads.leave_bodies_to_the_app):
+    a body that claims to be multipart and is not gets the API's JSON answer, not Twisted's
+    bare 400."""
+    url = urlsplit(live_server_url)
+    head = [b"POST /v1/chat/completions HTTP/1.1", b"Host: " + url.netloc.encode(),
+            b"Content-Type: multipart/form-data; boundary=nothing-here", b"Connection: close",
+            key_header, b"Content-Length: " + str(len(BODY)).encode()]
+    with socket.create_connection((url.hostname, url.port), timeout=60) as sock:
+        sock.sendall(b"\r\n".join(head) + b"\r\n\r\n" + BODY)
+        reply = b""
+        while chunk := sock.recv(65536):
+            reply += chunk
+    _, _, rest = reply.partition(b"\r\n")
+    headers, _, body = rest.partition(b"\r\n\r\n")
+    assert b"content-type: application/json" in headers.lower(), reply[:500]
+    assert json.loads(body)["error"]["message"]  # the API's answer (here: no replica ready)

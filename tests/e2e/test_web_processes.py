@@ -1,5 +1,5 @@
 """Several API processes share one listening socket (llm_platform/web_processes.py, what
-`make serve` and the web image run) and every one of them serves."""
+`make serve` and the web image run) and every one of them serves, on uvloop's event loop."""
 from __future__ import annotations
 
 import httpx
@@ -20,6 +20,7 @@ def test_api_processes_share_one_port_and_all_serve():
     proc = start("web-processes", ["-m", "llm_platform.web_processes", "--host", "127.0.0.1",
                                    "--port", str(port)], env, LOG_DIR)
     seen: set[int] = set()
+    loops: set[str] = set()
 
     def every_process_answered() -> bool:
         # A fresh connection each time: the kernel hands each to one of the processes.
@@ -28,14 +29,16 @@ def test_api_processes_share_one_port_and_all_serve():
         except httpx.HTTPError:
             return False
         seen.add(reply.json()["pid"])
+        loops.add(reply.json()["event_loop"])
         return len(seen) == PROCESSES
 
     children: list[psutil.Process] = []
     try:
         wait_until(every_process_answered, proc, 120, f"{PROCESSES} distinct API processes")
         children = [p for p in psutil.Process(proc.popen.pid).children(recursive=True)
-                    if "daphne" in " ".join(p.cmdline())]
+                    if "llm_platform.server" in p.cmdline()]
         assert seen == {p.pid for p in children}  # the supervisor's daphne children, no other
+        assert loops == {"uvloop.Loop"}  # llm_platform/server.py: daphne on uvloop
         # A normal request on the same port: the API works, not only the probe.
         assert httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=10).status_code == 401
     finally:

@@ -71,6 +71,12 @@ async def test_waiting_request_runs_when_the_slot_frees(client, auth, ready_repl
         return await container.redis.hlen(queue) == 1
     await async_wait_until(queued, 10.0, "the request queued for the held slot")
     assert not waiting.done()
+    # The routing snapshot read with its entry is dropped as it starts waiting: no decision of
+    # the router stays open while it waits (the router's in-flight decisions stay prunable).
+    # Waited for: Redis holds the entry a moment before the request reads the reply.
+    await async_wait_until(lambda: container.router._deciding == [], 10.0,
+                           "the router with no decision open while the request waits")
+    assert not waiting.done()
     metrics = (await client.get("/metrics")).content.decode()
     assert "llmp_admission_queue_depth{" in metrics and "} 1\n" in metrics
     await held.aclose()

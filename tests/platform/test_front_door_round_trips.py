@@ -4,8 +4,10 @@ every SQL statement. A request that finds its key, tenant and model cached makes
 `BEFORE_ROUTING` Redis round trips before it is routed (the key's rate and both token buckets
 in one Lua call; the admission slot with the usage lease and the pending usage event in one
 pipeline) and no database query at all; streaming more tokens costs no more round trips.
-Routing costs `ROUTING` (the snapshot, then the lease with the prefix index and counters), the
-first token one (the prompt's tokens given back), and the request's whole end one: the router
+Routing costs `ROUTING` (the lease with the prefix index and counters; its snapshot is read on
+the admission's round trip when the request is admitted on entry), the
+first token one (the prompt's tokens given back; none when the first token is also the last:
+the end gives back the whole lease), and the request's whole end one: the router
 lease, the routing counters, the admission slot, the token bucket's settlement, the final usage
 event and the usage lease's deletion (inference/request_metering.py `end_request`)."""
 from __future__ import annotations
@@ -18,11 +20,12 @@ from django.db.backends.utils import CursorWrapper
 from redis.asyncio.connection import AbstractConnection
 
 from inference.container import current_container
+from inference.router import OutstandingTokens
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.django_db(transaction=True)]
 
 BEFORE_ROUTING = 2
-ROUTING = 2
+ROUTING = 1
 AT_FIRST_TOKEN = 1
 AT_END = 1
 
@@ -101,8 +104,29 @@ async def test_a_cached_request_costs_few_round_trips_and_none_per_token(
     assert len(long.redis) == len(short.redis), (short.redis, long.redis)  # none per token
     assert short.sql == [] and long.sql == [], "\n".join(short.sql)  # none once cached
     assert len(short.redis) <= BEFORE_ROUTING + ROUTING + AT_FIRST_TOKEN + AT_END, short.redis
+    # The admission's round trip (the last before routing) carries the routing snapshot.
+    admission = short.redis[short.at_routing - 1]
+    for part in ("admission:", "route-seq:", "outstanding:"):
+        assert part in admission, (part, admission[:300])
     # The last round trip is the whole end: each part's keys are in it.
     end = short.redis[-1]
     for part in ("outstanding:", "routing:", "admission:", "bucket:", "billing:usage",
                  "billing:lease:"):
         assert part in end, (part, end[:300])
+
+
+async def test_a_one_token_reply_gives_its_lease_back_at_the_end_only(
+        client, auth, ready_replica, counted, settings):
+    """Its first chunk is the final one: no round trip to give the prompt's tokens back first;
+    the end returns the whole lease, and the replica's outstanding tokens are back to zero."""
+    settings.API_KEY_CACHE_SECONDS = settings.QUOTA_LIMITS_CACHE_SECONDS = 30.0
+    settings.REGISTRY_CACHE_TTL_SECONDS = 30.0
+    await measure(client, auth, body(2))  # warm
+    two = await measure(client, auth, body(2))
+    one = await measure(client, auth, body(1))
+    assert len(one.redis) == len(two.redis) - AT_FIRST_TOKEN, (one.redis, two.redis)
+    assert "outstanding:" in one.redis[-1]
+    container = current_container()
+    outstanding = OutstandingTokens(container.redis, container.key_prefix)
+    version, replica = ready_replica.model_version_id, ready_replica.id
+    assert await outstanding.read(version, [replica]) == {replica: 0}

@@ -159,3 +159,59 @@ async def test_no_replica_says_whether_the_ready_ones_are_failing(model_version)
     with pytest.raises(NoReplicaReady) as failing:
         await router.acquire(model_version.pk, "least_outstanding_tokens", REQUEST)
     assert failing.value.failing is True
+
+
+async def _prefetch(router, model_version_id, request):
+    """A snapshot queued on a pipeline of its own (as the admission's round trip carries it)."""
+    redis = current_container().redis
+    pipe = redis.pipeline(transaction=False)
+    prefetch = router.queue_snapshot(pipe, model_version_id, await router.ready(model_version_id),
+                                     request)
+    await prefetch.finish(await pipe.execute(raise_on_error=False))
+    return prefetch
+
+
+@pytestmark_db
+@pytest.mark.asyncio
+async def test_a_prefetched_snapshot_spares_the_decision_its_read(model_version):
+    """A snapshot read on the admission's round trip: the decision reads none of its own, and
+    decisions whose snapshots were read together still spread by load (each sees the ones of
+    this process that landed after its read); every prefetch is closed, used or not."""
+    from asgiref.sync import sync_to_async
+
+    ids = {(await sync_to_async(register_replica)(model_version, f"127.0.0.1:{9001 + i}")).pk
+           for i in range(2)}
+    router = current_container().router
+    snapshots = []
+    real_snapshot = router.snapshot
+
+    async def counting_snapshot(*args, **kwargs):
+        snapshots.append(1)
+        return await real_snapshot(*args, **kwargs)
+
+    router.snapshot = counting_snapshot
+    try:
+        requests = [RouteRequest(1, 10, 20) for _ in range(4)]
+        prefetches = [await _prefetch(router, model_version.pk, r) for r in requests]
+        leases = [await router.acquire(model_version.pk, "least_outstanding_tokens", r,
+                                       prefetch=p) for r, p in zip(requests, prefetches)]
+        assert snapshots == []  # every decision used its prefetched snapshot
+        chosen = [lease.replica.replica_id for lease in leases]
+        assert {rid: chosen.count(rid) for rid in ids} == {rid: 2 for rid in ids}
+        # A prefetch for another request (or other replicas) is not used, but closed.
+        other = await _prefetch(router, model_version.pk, REQUEST)
+        lease = await router.acquire(model_version.pk, "least_outstanding_tokens",
+                                     RouteRequest(1, 10, 20), prefetch=other)
+        assert snapshots == [1]
+        leases.append(lease)
+        # One never used is closed by whoever queued it (idempotent).
+        unused = await _prefetch(router, model_version.pk, REQUEST)
+        unused.close()
+        unused.close()
+    finally:
+        del router.snapshot
+    assert router._deciding == []  # nothing holds the router's in-flight decisions any more
+    for lease in leases:
+        await lease.release()
+    counter = OutstandingTokens(current_container().redis, current_container().key_prefix)
+    assert await counter.read(model_version.pk, sorted(ids)) == {rid: 0 for rid in ids}

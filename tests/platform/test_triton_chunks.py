@@ -17,9 +17,10 @@ from tests.fakes.triton_server import encode_response
 def test_chunks_parse_as_numpy_reads_them(text, finish, num_in, num_out, final):
     """parse_chunk reads the one-element outputs from the raw bytes, without numpy: the same
     values tritonclient's as_numpy gives."""
-    result = InferResult(encode_response(SimpleNamespace(model_name="m", id="r"), text, finish,
-                                         num_in, num_out, final).infer_response)
-    chunk = parse_chunk(result)
+    response = encode_response(SimpleNamespace(model_name="m", id="r"), text, finish, num_in,
+                               num_out, final).infer_response
+    result = InferResult(response)
+    chunk = parse_chunk(response)
     assert chunk.text == result.as_numpy("text_output")[0].decode() == text
     assert chunk.finish_reason == finish
     assert chunk.num_input_tokens == int(result.as_numpy("num_input_tokens")[0]) == num_in

@@ -1,0 +1,140 @@
+"""python -m benchmarks.gateway_ab: the API's CPU per short request, two platforms side by side.
+
+On a shared machine the CPU time one request costs moves by half between runs minutes apart
+(other jobs, the host's own load), which hides a 10 % change in a before/after pair of
+`benchmarks.gateway` runs. Here two fleets run at once (each the zero-cost fake replica and one
+daphne, as `benchmarks.gateway --replica fake` starts them): side A, from another checkout
+(`--a-repo`, with its interpreter `--a-python`) and/or with more environment (`--a-env
+NAME=VALUE`), and side B, this checkout (`--b-env` likewise). They take turns in short bursts
+of `--burst` non-streaming requests (`max_tokens` 1, `--concurrency` at a time; the order
+alternates every round), and the API processes' CPU time (user + system) is added up per side
+over `--rounds` rounds; the noise then falls on both sides alike. `--system-words N` puts a
+long system prompt (one of 12) before each request. Prints each side's
+`cpu_ms_per_request` (all rounds), the median of the rounds' B/A ratios, and the load average.
+The benchmark tenants' request and token limits are lifted (bursts add up past the tier's).
+Measurement only: the numbers of record come from `benchmarks.gateway`.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import secrets
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+
+from benchmarks.fleet import LOGS, REPO, start_fleet
+from benchmarks.gateway import api_processes, cpu_seconds, timed_round, via_platform
+
+_UNLIMITED = ("from tenants.models import Tenant; "
+              "Tenant.objects.update(requests_per_minute=10**8, tokens_per_minute=10**9, "
+              "request_burst=10**8, token_burst=10**9)")
+
+
+async def with_system_prompt(http, fleet, index: int, words: int) -> None:
+    """A short request (`max_tokens` 1) behind a system prompt of `words` words, one of 12
+    (a long prompt: many prefix blocks for the router to match and record)."""
+    system = " ".join(f"rule{(index % 12) * 7 + w % 97}" for w in range(words))
+    body = {"model": "chat-small", "max_tokens": 1, "temperature": 0.0,
+            "messages": [{"role": "system", "content": system},
+                         {"role": "user", "content": f"Question {index}?"}]}
+    reply = await http.post(fleet.base_url + "/v1/generate", json=body,
+                            headers={"Authorization": f"Bearer {fleet.api_key}"})
+    reply.raise_for_status()
+
+
+def _env(pairs: list[str]) -> dict:
+    return dict(pair.split("=", 1) for pair in pairs)
+
+
+def start_side(name: str, repo: Path, python: str, env: dict, database: str):
+    fleet = start_fleet("fake", database=database, repo=repo, python=python, extra_env=env,
+                        logs=LOGS / f"ab-{name}")
+    subprocess.run([python, "manage.py", "shell", "-c", _UNLIMITED], cwd=repo, env=fleet.env,
+                   check=True, stdout=subprocess.DEVNULL)
+    return fleet
+
+
+async def run(args) -> dict:
+    sides = {}
+    try:
+        sides["A"] = start_side("a", Path(args.a_repo).resolve(), args.a_python,
+                                _env(args.a_env), args.database + "_a")
+        sides["B"] = start_side("b", REPO, sys.executable, _env(args.b_env),
+                                args.database + "_b")
+        cpu = {name: 0.0 for name in sides}
+        ratios = []
+        limits = httpx.Limits(max_connections=64, max_keepalive_connections=32)
+        async with httpx.AsyncClient(timeout=120, limits=limits) as http:
+            sem = asyncio.Semaphore(args.concurrency)
+
+            def short(fleet):
+                async def one(i):
+                    async with sem:
+                        if not args.system_words:
+                            return await via_platform(http, fleet, i, 1, stream=False)
+                        return await with_system_prompt(http, fleet, i, args.system_words)
+                return one
+
+            for fleet in sides.values():  # warm-up: tokenizer, channels, caches
+                await timed_round(lambda i, f=fleet: via_platform(http, f, i, 8), 8)
+                await timed_round(short(fleet), args.burst)
+            procs = {name: api_processes(fleet) for name, fleet in sides.items()}
+            for round_ in range(args.rounds):
+                order = ["A", "B"] if round_ % 2 == 0 else ["B", "A"]
+                this = {}
+                for name in order:
+                    before = cpu_seconds(procs[name])
+                    await timed_round(short(sides[name]), args.burst)
+                    this[name] = cpu_seconds(procs[name]) - before
+                    cpu[name] += this[name]
+                if this["A"] > 0:
+                    ratios.append(this["B"] / this["A"])
+    finally:
+        for fleet in sides.values():
+            fleet.stop()
+    requests = args.rounds * args.burst
+    result = {
+        "a": {"repo": str(args.a_repo), "python": args.a_python, "env": _env(args.a_env),
+              "cpu_ms_per_request": round(cpu["A"] * 1000 / requests, 3)},
+        "b": {"repo": str(REPO), "python": sys.executable, "env": _env(args.b_env),
+              "cpu_ms_per_request": round(cpu["B"] * 1000 / requests, 3)},
+        "b_over_a": round(cpu["B"] / cpu["A"], 3) if cpu["A"] else None,
+        "b_over_a_median_of_rounds": round(statistics.median(ratios), 3) if ratios else None,
+        "rounds": args.rounds, "burst": args.burst, "concurrency": args.concurrency,
+        "system_words": args.system_words,
+        "load_average": [round(x, 2) for x in os.getloadavg()],
+    }
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--a-repo", default=str(REPO), help="side A's checkout (default: this)")
+    parser.add_argument("--a-python", default=sys.executable, help="side A's interpreter")
+    parser.add_argument("--a-env", nargs="*", default=[], metavar="NAME=VALUE")
+    parser.add_argument("--b-env", nargs="*", default=[], metavar="NAME=VALUE")
+    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--burst", type=int, default=100)
+    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--system-words", type=int, default=0,
+                        help="a system prompt of this many words before each short request")
+    parser.add_argument("--database", default="llm_platform_bench_ab",
+                        help="prefix of the two sides' databases (_a, _b)")
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "llm_platform.settings")
+    os.environ.setdefault("SECRET_KEY", secrets.token_urlsafe(48))
+    result = asyncio.run(run(args))
+    print(json.dumps(result, indent=2))
+    if args.out:
+        Path(args.out).write_text(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,51 @@
+"""`python -m llm_platform.server [daphne options] APPLICATION`: daphne on uvloop's event loop.
+
+daphne runs Twisted's asyncio reactor on an event loop it creates when `daphne.server` is
+imported (`asyncio.new_event_loop()`, from the event loop policy in force then). This module
+installs uvloop's policy first, then hands the command line to daphne's own CLI, so the same
+daphne (HTTP parsing, WebSockets, Channels) runs on libuv's loop, whose scheduling, timers and
+transports are in C: the stock loop's own bookkeeping (`_run_once`, handles, `call_soon`,
+futures, tasks) was about a tenth of the API process's CPU per short request (profile in
+benchmarks/README.md, "gateway").
+
+`API_EVENT_LOOP` chooses: `uvloop` (unset or empty: the default) or `asyncio` (the standard
+library's loop, e.g. to compare, or on a platform without uvloop). Used by
+llm_platform.web_processes (the web image, `make serve`, the benchmarks) and the e2e tests'
+daphne.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+
+EVENT_LOOPS = ("uvloop", "asyncio")
+
+
+def event_loop_choice() -> str:
+    choice = os.environ.get("API_EVENT_LOOP", "").strip() or "uvloop"
+    if choice not in EVENT_LOOPS:
+        raise ValueError(f"API_EVENT_LOOP must be one of {', '.join(EVENT_LOOPS)}, "
+                         f"not {choice!r}")
+    return choice
+
+
+def install_event_loop(choice: str) -> None:
+    """Before daphne.server is imported: its reactor's loop comes from this policy."""
+    if "daphne.server" in sys.modules:
+        raise RuntimeError("daphne.server is already imported: its event loop exists")
+    if choice == "uvloop":
+        import uvloop
+
+        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+
+
+def main() -> None:
+    install_event_loop(event_loop_choice())
+    from daphne.cli import CommandLineInterface
+
+    CommandLineInterface.entrypoint()
+
+
+if __name__ == "__main__":
+    main()
