@@ -63,15 +63,19 @@ def build(log=lambda msg: print(msg, file=sys.stderr, flush=True)) -> Path:
 
 class LlamaServer:
     """One `llama-server` process serving `gguf` with `threads` threads and `slots` parallel
-    sequences of `slot_context` tokens each (continuous batching is on by default)."""
+    sequences of `slot_context` tokens each (continuous batching is on by default). `repack`
+    False passes `--no-repack` (no weight repacking into llama.cpp's extra buffer types, AMX's
+    among them)."""
 
-    def __init__(self, gguf: str, port: int, threads: int, slots: int, slot_context: int, log_path: Path) -> None:
+    def __init__(self, gguf: str, port: int, threads: int, slots: int, slot_context: int, log_path: Path,
+                 repack: bool = True) -> None:
         self.base_url = f"http://127.0.0.1:{port}"
         self.log_path = log_path
         log_path.parent.mkdir(parents=True, exist_ok=True)
         self._process = subprocess.Popen(
             [str(build()), "-m", gguf, "--host", "127.0.0.1", "--port", str(port), "-t", str(threads),
-             "-tb", str(threads), "-np", str(slots), "-c", str(slots * slot_context), "--no-webui"],
+             "-tb", str(threads), "-np", str(slots), "-c", str(slots * slot_context), "--no-webui",
+             *(() if repack else ("--no-repack",))],
             stdout=open(log_path, "wb"), stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             start_new_session=True)
 
