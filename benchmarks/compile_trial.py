@@ -17,8 +17,6 @@ runs load. Prints JSON: median step ms of each, the load average.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
 import time
 
@@ -27,6 +25,7 @@ import torch
 from benchmarks.decode_paths import engine as make_engine
 from benchmarks.engine import start_decoding
 from replica.engine.models.loader import default_model_path, load_checkpoint
+from benchmarks.output import emit, load_average
 
 
 def main() -> None:
@@ -56,7 +55,7 @@ def main() -> None:
 
     model.forward = forward
     result: dict = {"batch": args.batch, "context": args.context, "threads": args.threads, "freezing": args.freezing,
-                    "load_average_start": [round(x, 2) for x in os.getloadavg()]}
+                    "load_average_start": load_average()}
     for name, e in engines.items():
         t = time.perf_counter()
         start_decoding(e, args.batch, args.context, 0, name)  # the compiled one compiles its first decode here
@@ -69,11 +68,8 @@ def main() -> None:
             times[name].append((time.perf_counter() - t) * 1e3)
     for name, t in times.items():
         result[f"{name}_step_ms"] = round(statistics.median(t), 1)
-    result["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
-    print(json.dumps(result, indent=2))
-    if args.out:
-        with open(args.out, "w") as fh:
-            json.dump(result, fh, indent=2)
+    result["load_average_end"] = load_average()
+    emit(result, args.out)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,6 @@ Prints and writes step times, tokens/s and ratios, with the CPU and thread count
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import time
@@ -29,6 +28,7 @@ from replica.engine.config import EngineConfig
 from replica.engine.llm_engine import LLMEngine, build_model
 from replica.engine.models.gguf_linear import load_block_weights
 from replica.engine.models.loader import default_model_path, load_checkpoint
+from benchmarks.output import emit, load_average
 
 
 def engine(ckpt, dtype: str, batch: int, quantization: str = "none", blocks=None, native: bool = True) -> LLMEngine:
@@ -77,7 +77,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     ckpt = load_checkpoint(default_model_path())
     result = {"cpu": cpu_model(), "threads": args.threads, "dtype": args.dtype,
-              "load_average_start": [round(x, 2) for x in os.getloadavg()]}
+              "load_average_start": load_average()}
     if "batch" in only:
         batch = alternate({"kernel": engine(ckpt, args.dtype, args.batch),
                            "torch": engine(ckpt, args.dtype, args.batch, native=False)}, args.batch, args.context,
@@ -102,11 +102,8 @@ def main() -> None:
                                  "c_ops_step_ms": round(ew["c_ops"], 1), "torch_ops_step_ms": round(ew["torch_ops"], 1),
                                  "saved_ms": round(ew["torch_ops"] - ew["c_ops"], 1),
                                  "speedup": round(ew["torch_ops"] / ew["c_ops"], 3)}
-    result["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
-    print(json.dumps(result, indent=2))
-    if args.out:
-        with open(args.out, "w") as fh:
-            json.dump(result, fh, indent=2)
+    result["load_average_end"] = load_average()
+    emit(result, args.out)
 
 
 if __name__ == "__main__":

@@ -25,8 +25,6 @@ same for the whole step against the machine's best read of the same run.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
 import time
 
@@ -36,6 +34,7 @@ from benchmarks.peer import cpu_model
 from replica.engine.models.gguf_linear import load_block_weights
 from replica.engine.models.loader import default_model_path, load_checkpoint
 from replica.engine.runner import native
+from benchmarks.output import emit, load_average
 
 
 def measure_step(ckpt, steps: int, context: int, buffer: torch.Tensor, dtype: torch.dtype) -> dict:
@@ -112,10 +111,10 @@ def measure(threads: int, rounds: int, buffer_mb: int, dtype: torch.dtype = torc
     result = {"cpu": cpu_model(), "threads": threads, "dtype": str(dtype).removeprefix("torch."), "hidden": hidden,
               "matrices": len(blocks), "weight_mb": round(weight_bytes / 1e6, 1), "pass_ms": round(min(block) * 1e3, 2),
               "machine_read_gb_per_s": round(machine, 1), "kernel_gb_per_s": round(ours, 1),
-              "fraction": round(ours / machine, 2), "load_average_before_step": [round(x, 2) for x in os.getloadavg()]}
+              "fraction": round(ours / machine, 2), "load_average_before_step": load_average()}
     if steps and dtype == torch.bfloat16:
         result["step"] = measure_step(ckpt, steps, context, buffer, dtype)
-    result["load_average"] = [round(x, 2) for x in os.getloadavg()]
+    result["load_average"] = load_average()
     return result
 
 
@@ -130,10 +129,7 @@ def main() -> None:
     parser.add_argument("--out")
     args = parser.parse_args()
     result = measure(args.threads, args.rounds, args.buffer_mb, getattr(torch, args.dtype), args.steps, args.context)
-    print(json.dumps(result, indent=2))
-    if args.out:
-        with open(args.out, "w") as fh:
-            json.dump(result, fh, indent=2)
+    emit(result, args.out)
 
 
 if __name__ == "__main__":

@@ -14,8 +14,6 @@ in one engine, with the roofline passes between steps.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
 import time
 
@@ -27,6 +25,7 @@ from replica.engine.config import EngineConfig
 from replica.engine.llm_engine import LLMEngine
 from replica.engine.models.llama import PackedLinear, packed_linear
 from replica.engine.models.loader import default_model_path, load_checkpoint
+from benchmarks.output import emit, load_average
 
 
 def main() -> dict:
@@ -58,7 +57,7 @@ def main() -> dict:
             return time.perf_counter() - t
 
     roof_packed()  # packs once
-    load_before = os.getloadavg()
+    load_before = load_average()
     times: dict[str, list[float]] = {"packed": [], "plain": [], "roof_plain": [], "roof_packed": []}
     for _ in range(args.steps):
         for name in ("packed", "plain"):
@@ -71,16 +70,13 @@ def main() -> dict:
         times["roof_packed"].append(roof_packed())
     med = {k: statistics.median(v) * 1e3 for k, v in times.items()}
     out = {"cpu": cpu_model(), "threads": args.threads, "batch": args.batch, "context": args.context,
-           "steps": args.steps, "load_average": [[round(x, 2) for x in load_before], [round(x, 2) for x in os.getloadavg()]],
+           "steps": args.steps, "load_average": [load_before, load_average()],
            "median_ms": {k: round(v, 1) for k, v in med.items()},
            "best_ms": {k: round(min(v) * 1e3, 1) for k, v in times.items()},
            "roofline_fraction_packed": round(med["roof_plain"] / med["packed"], 3),
            "roofline_fraction_plain": round(med["roof_plain"] / med["plain"], 3),
            "packed_products_share_of_step": round(med["roof_packed"] / med["packed"], 3)}
-    print(json.dumps(out, indent=2))
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(out, f, indent=2)
+    emit(out, args.out)
     return out
 
 
