@@ -82,3 +82,25 @@ def test_unsupported_shapes_are_refused(kernel):
     blocks = torch.zeros(4, 20, dtype=torch.uint8)
     with pytest.raises(ValueError):
         kernel(blocks, "Q4_1", torch.zeros(1, 33), 4)
+
+
+@pytest.mark.parametrize("type_name", ["Q4_0", "Q4_1", "Q8_0"])
+@pytest.mark.parametrize("m", [1, 3])
+def test_threads_split_the_rows_without_changing_a_bit(kernel, type_name, m):
+    """Over PARALLEL_MIN_BYTES each thread computes a contiguous share of the output rows (a row
+    count that does not divide evenly among them); every row is the one-thread row, bit for bit."""
+    rng = np.random.default_rng(7 + m)
+    blocks = torch.from_numpy(random_blocks(type_name, 1001, 576, rng).copy())
+    x = torch.from_numpy(rng.normal(0, 1, (m, 576)).astype(np.float32)).bfloat16()
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = kernel(blocks, type_name, x, 1001)
+        results = []
+        for threads in (2, 3):
+            torch.set_num_threads(threads)
+            results.append(kernel(blocks, type_name, x, 1001))
+    finally:
+        torch.set_num_threads(before)
+    for got in results:
+        assert torch.equal(got, one)

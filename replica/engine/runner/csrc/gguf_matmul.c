@@ -19,6 +19,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <math.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 enum { GGML_Q4_0 = 2, GGML_Q4_1 = 3, GGML_Q8_0 = 8 };
 /* Weight bytes ahead of the block being read to prefetch (0: none). One thread reading a matrix
@@ -335,6 +338,34 @@ static inline __attribute__((always_inline)) void output_row(const void *w, int6
     }
 }
 
+/* Output rows [n0, n1). The block type, the I/O dtype and (for decode's one token) M are passed
+ * to the always-inline output_row as compile-time constants for every combination, so its block
+ * addressing (b * block bytes), its branches on type and dtype and its row loop fold away: built
+ * as a shared library (-fPIC, where nothing is inlined across the exported entry point), the
+ * runtime-shaped loop read Q4_1 at 20 GB/s on one Zen 5 core, the specialised one at 30-31
+ * (Q8_0: 27 -> 36), against a 41 GB/s plain read. */
+static void output_rows(const void *w, int64_t type, void *y, int64_t M, int64_t N, int64_t K, int64_t io_dtype,
+                        int64_t nb, int64_t row_bytes, const int8_t *xq, const float *xd, const float *xs,
+                        int64_t n0, int64_t n1) {
+#define SPECIALISE(TYPE_ID, BLOCK)                                                                          \
+    if (type == TYPE_ID) {                                                                                 \
+        const int64_t bsz = (int64_t)sizeof(BLOCK);                                                        \
+        if (M == 1 && io_dtype == IO_BF16)                                                                 \
+            for (int64_t n = n0; n < n1; n++) output_row(w, TYPE_ID, y, 1, N, K, IO_BF16, nb, bsz, row_bytes, xq, xd, xs, n); \
+        else if (M == 1)                                                                                   \
+            for (int64_t n = n0; n < n1; n++) output_row(w, TYPE_ID, y, 1, N, K, IO_F32, nb, bsz, row_bytes, xq, xd, xs, n); \
+        else if (io_dtype == IO_BF16)                                                                      \
+            for (int64_t n = n0; n < n1; n++) output_row(w, TYPE_ID, y, M, N, K, IO_BF16, nb, bsz, row_bytes, xq, xd, xs, n); \
+        else                                                                                               \
+            for (int64_t n = n0; n < n1; n++) output_row(w, TYPE_ID, y, M, N, K, IO_F32, nb, bsz, row_bytes, xq, xd, xs, n); \
+        return;                                                                                            \
+    }
+    SPECIALISE(GGML_Q4_1, block_q4_1)
+    SPECIALISE(GGML_Q4_0, block_q4_0)
+    SPECIALISE(GGML_Q8_0, block_q8_0)
+#undef SPECIALISE
+}
+
 /* Returns 0, or -1 for an unsupported type, io_dtype or shape. */
 int gguf_matmul(const void *w, int64_t type, const void *x, void *y, int64_t M, int64_t N, int64_t K,
                 int64_t num_threads, int64_t io_dtype) {
@@ -346,12 +377,20 @@ int gguf_matmul(const void *w, int64_t type, const void *x, void *y, int64_t M, 
     if (!xq || !xd || !xs) { free(xq); free(xd); free(xs); return -1; }
     quantize_rows(x, (int)io_dtype, M, K, xq, xd, xs);
     if (num_threads > 1 && N * row_bytes >= PARALLEL_MIN_BYTES) {
-#pragma omp parallel for schedule(static) num_threads(num_threads)
-        for (int64_t n = 0; n < N; n++) output_row(w, type, y, M, N, K, io_dtype, nb, bsz, row_bytes, xq, xd, xs, n);
+#pragma omp parallel num_threads(num_threads)
+        { /* contiguous shares of the rows, as schedule(static) */
+#ifdef _OPENMP
+            const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+#else
+            const int64_t t = 0, nt = 1;
+#endif
+            const int64_t per = (N + nt - 1) / nt, n0 = t * per < N ? t * per : N, n1 = n0 + per < N ? n0 + per : N;
+            output_rows(w, type, y, M, N, K, io_dtype, nb, row_bytes, xq, xd, xs, n0, n1);
+        }
     } else {
         /* no OpenMP region at all: one from inside decode_layers' thread team would be a nested
          * team of one, started and joined per call */
-        for (int64_t n = 0; n < N; n++) output_row(w, type, y, M, N, K, io_dtype, nb, bsz, row_bytes, xq, xd, xs, n);
+        output_rows(w, type, y, M, N, K, io_dtype, nb, row_bytes, xq, xd, xs, 0, N);
     }
     free(xq); free(xd); free(xs);
     return 0;
