@@ -13,11 +13,11 @@ machine's measured memory bandwidth, side by side in one process.
 - step: the engine's whole batch-1 decode step (one sequence of `--context` tokens, int4 in
   `--dtype`, sampling included), the int4 model's blocks read per step (the same ~96 MB: the 121
   fused products qkv / o / gate_up / down and the head) / median step time. Two ways, stepped
-  alternately: `fused` (decode_layers: every decoder layer in one C call) and `modules` (the
-  Python module path: 4 product calls and ~20 torch ops a layer); at more than one thread also
-  `fused_team` (decode_layers with one thread team for the whole call, meeting at barriers,
-  instead of a parallel region per kernel call). bfloat16 only (the fused step's
-  dtype); skipped with --steps 0.
+  alternately: `fused` (decode_layers: every decoder layer in one C call; at more than one thread
+  with a parallel region per kernel call) and `modules` (the Python module path: 4 product calls
+  and ~20 torch ops a layer); at more than one thread also `fused_team` (decode_layers with one
+  thread team for the whole call, meeting at barriers: the engine's default there). bfloat16
+  only (the fused step's dtype); skipped with --steps 0.
 Rounds alternate the two, so load from other processes shifts both alike; `fraction` =
 kernel GB/s / machine GB/s is what counts (issue #16's target: >= 0.7); `step.fraction` is the
 same for the whole step against the machine's best read of the same run.
@@ -66,7 +66,7 @@ def measure_step(ckpt, steps: int, context: int, buffer: torch.Tensor, dtype: to
         stream.append(time.perf_counter() - t)
     model.fused_decode = True
     if ops is not None:
-        ops.set_team(False)
+        ops.set_team(ops.TEAM_DEFAULT)
     blocks = [m.blocks for m in model.modules() if hasattr(m, "blocks") and isinstance(m.blocks, torch.Tensor)]
     weight_bytes = sum(b.numel() for b in blocks)
     machine = buffer.numel() * 4 / min(stream) / 1e9

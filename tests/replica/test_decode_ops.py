@@ -212,6 +212,6 @@ def test_fused_step_with_one_thread_team_is_the_module_path_bit_for_bit(batch, t
             assert len(fused_steps) == 5 and all(rows == batch for rows, *_ in fused_steps), seen
             assert all(logits_same and kv_same for _, _, logits_same, kv_same in seen), seen
     finally:
-        ops.set_team(False)  # the default
+        ops.set_team(ops.TEAM_DEFAULT)
         torch.set_num_threads(before)
     assert answers[0] == answers[1]

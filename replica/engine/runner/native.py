@@ -246,9 +246,12 @@ class DecodeOps:
         self._set_team.restype = None
         self._set_team.argtypes = [i64]
 
+    TEAM_DEFAULT = True
+
     def set_team(self, on: bool) -> None:
-        """decode_layers at more than one thread: one thread team for the whole call (True) or a
-        parallel region per kernel call (False, the default); for A/B measurements and tests."""
+        """decode_layers at more than one thread: one thread team for the whole call (True, the
+        default: TEAM_DEFAULT) or a parallel region per kernel call (False); for A/B measurements
+        and tests."""
         self._set_team(1 if on else 0)
 
     @classmethod

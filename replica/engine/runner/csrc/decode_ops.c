@@ -211,11 +211,11 @@ static int decode_layers_team(const decode_layer *layers, int64_t num_layers, co
                               int64_t hidden, int64_t nh, int64_t kvh, int64_t hd, int64_t inter, int64_t block_size,
                               float eps, float scale, int64_t num_threads);
 
-/* 1: with num_threads > 1, one OpenMP region for the whole call (decode_layers_team);
- * 0 (default): each kernel opens its own region (~150 a batch-1 step). The team measured no
- * better on this shared 2-vCPU box (0.9-1.1x, worse under contention: docs/engine.md), so it is
- * opt-in (DecodeOps.set_team) until a quiet machine says otherwise. */
-static int team_mode = 0;
+/* 1 (default): with num_threads > 1, one OpenMP region for the whole call (decode_layers_team);
+ * 0: each kernel opens its own region (~150 a batch-1 step). Batch-1 int4 step at 2 threads,
+ * alternated with the per-kernel regions: 0.88x the time on a quiet 2-vCPU Zen 5 (2.66 vs 3.02 ms)
+ * and 0.77x under load, 0.9-1.1x on a shared Xeon (docs/engine.md). DecodeOps.set_team switches. */
+static int team_mode = 1;
 void decode_layers_set_team(int64_t on) { team_mode = on != 0; }
 
 int decode_layers(const decode_layer *layers, int64_t num_layers, const decode_kernels *k, uint16_t *x, int64_t M,
