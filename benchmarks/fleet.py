@@ -17,7 +17,7 @@ from urllib.parse import urlparse
 import httpx
 
 from scripts.children import spawn, stop_group, stop_on_signals
-from scripts.services import Services, ensure_database, ensure_services, free_port
+from scripts.services import Services, ensure_database, ensure_services, free_port, free_ports
 
 REPO = Path(__file__).resolve().parents[1]
 LOGS = REPO / "var" / "bench-logs"
@@ -116,7 +116,7 @@ def start_fleet(replica: str = "smollm2", database: str = "llm_platform_bench",
         api_port = free_port()
         ready_urls = []
         for i in range(num_replicas if replica != "fake" else 1):
-            grpc_port, http_port, metrics_port = (free_port() for _ in range(3))
+            grpc_port, http_port, metrics_port = free_ports(3)
             if replica == "fake":
                 server = start("fake-replica", ["-m", "tests.fakes.triton_server",
                                                  "--grpc-port", str(grpc_port),

@@ -22,6 +22,7 @@ from tests.support.processes import (
     REPO,
     Proc,
     free_port,
+    free_ports,
     http_ok,
     port_open,
     start,
@@ -94,7 +95,7 @@ def live_server_url(django_db_setup, django_db_blocker):
 
 
 def _start_fake() -> tuple:
-    grpc_port, metrics_port = free_port(), free_port()
+    grpc_port, metrics_port = free_ports(2)
     proc = start("fake-triton", ["-m", "tests.fakes.triton_server", "--grpc-port",
                                  str(grpc_port), "--metrics-port", str(metrics_port)], {}, LOG_DIR)
     wait_until(lambda: port_open(grpc_port) and port_open(metrics_port), proc, 30, "ports")
@@ -106,7 +107,7 @@ def _start_fake() -> tuple:
 def _start_smollm2() -> tuple:
     if not (REPO / "replica" / "launch.py").exists():
         pytest.skip("the real replica (replica/launch.py) is not on this branch yet")
-    grpc_port, http_port, metrics_port = free_port(), free_port(), free_port()
+    grpc_port, http_port, metrics_port = free_ports(3)
     proc = start("replica-smollm2", ["-m", "replica.launch", "--model", "chat-small",
                                      "--grpc-port", str(grpc_port), "--http-port", str(http_port),
                                      "--metrics-port", str(metrics_port)], {}, LOG_DIR)

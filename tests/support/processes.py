@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 
 from scripts.children import spawn, stop_group
-from scripts.services import free_port  # noqa: F401 - re-exported for the tests
+from scripts.services import free_port, free_ports  # noqa: F401 - re-exported for the tests
 from tests.support.waiting import wait_until as poll_until
 
 REPO = Path(__file__).resolve().parents[2]
