@@ -45,6 +45,24 @@ def parse_sse_line(line: str) -> dict | None:
 
 
 async def one_request(http: httpx.AsyncClient, base_url: str, headers: dict, body: dict) -> Sample:
+    """One streamed completion. A pooled keep-alive connection the server closed just as the
+    request went out ("Server disconnected without sending a response": llama-server closes idle
+    connections) is no answer at all: the request is sent again on a fresh connection, twice at
+    most, its clock restarted."""
+    for attempt in range(3):
+        try:
+            return await _one_request(http, base_url, headers, body)
+        except (httpx.RemoteProtocolError, httpx.ConnectError) as exc:
+            if attempt == 2 or not _before_any_response(exc):
+                return Sample(False, error=f"{type(exc).__name__}: {exc}"[:200])
+    raise AssertionError("unreachable")
+
+
+def _before_any_response(exc: Exception) -> bool:
+    return isinstance(exc, httpx.ConnectError) or "without sending a response" in str(exc)
+
+
+async def _one_request(http: httpx.AsyncClient, base_url: str, headers: dict, body: dict) -> Sample:
     start = time.perf_counter()
     arrivals: list[float] = []
     usage_tokens = None

@@ -45,3 +45,29 @@ def test_parse_and_summarize():
     summary = summarize([Sample(True, 0.1, 10, [0.02, 0.04]), Sample(True, 0.3, 6, [0.03]), Sample(False, error="e")], 2.0)
     assert (summary["output_tokens"], summary["failed"], summary["output_tokens_per_s"]) == (16, 1, 8.0)
     assert (summary["ttft_p50_ms"], summary["itl_p50_ms"]) == (100.0, 30.0)
+
+
+def _dropping(times: int, message: str = "Server disconnected without sending a response."):
+    """A handler that drops the first `times` requests the way a closed keep-alive connection does."""
+    seen = []
+
+    def handler(request):
+        seen.append(request)
+        if len(seen) <= times:
+            raise httpx.RemoteProtocolError(message, request=request)
+        return httpx.Response(200, content=_sse([{"choices": [{"text": "a"}]}]))
+    return handler, seen
+
+
+def test_a_connection_dropped_before_any_response_is_sent_again():
+    handler, seen = _dropping(2)
+    sample = _run(handler)
+    assert sample.ok and sample.output_tokens == 1 and len(seen) == 3
+
+
+def test_dropped_three_times_or_mid_answer_is_a_failure_not_a_retry():
+    handler, seen = _dropping(3)
+    assert not _run(handler).ok and len(seen) == 3
+    handler, seen = _dropping(5, "peer closed connection without sending complete message body")
+    failed = _run(handler)
+    assert not failed.ok and "RemoteProtocolError" in failed.error and len(seen) == 1
