@@ -73,3 +73,35 @@ def test_native_decode_refuses_shapes_beyond_its_buffers(kernel):
     q, k_pool, v_pool, tables, lens = _random_paged(1, torch.float32, 2, 1, 512, 4, [5])
     with pytest.raises(ValueError, match="limits"):
         kernel.decode(q, k_pool, v_pool, tables, lens, 0.1)
+
+
+@pytest.mark.parametrize("nh,kvh,hd,bs", [(9, 3, 64, 16), (8, 1, 128, 32), (6, 2, 64, 1), (4, 4, 32, 8)])
+def test_bf16_dot_path_and_widening_path_both_match_the_float32_reference(nh, kvh, hd, bs):
+    """bfloat16 pools and queries on a CPU with AVX512-BF16: the vdpbf16ps path (probabilities
+    rounded to bfloat16 before the product with V) and the widening float32 path both equal the
+    float32 reference within bfloat16's tolerance, and they are not the same code (their bits
+    differ); float32 queries that are not bfloat16 values always take the widening path."""
+    kernel = native.load()
+    if kernel is None or not kernel.has_bf16_dot:
+        pytest.skip("no AVX512-BF16 here: the widening path is the only one (tested above)")
+    q, k_pool, v_pool, tables, lens = _random_paged(hd + nh, torch.bfloat16, nh, kvh, hd, bs, [1, 2, 15, 33, 100, 333])
+    mask = (torch.arange(tables.shape[1] * bs)[None] < lens[:, None]).view(len(lens), 1, 1, -1)
+    ref = paged_attention(q.float(), None, None, k_pool.float(), v_pool.float(),
+                          AttentionMetadata(slot_mapping=torch.zeros(0, dtype=torch.long),
+                                            decode_token_idx=torch.arange(len(lens)), decode_block_tables=tables,
+                                            decode_context_lens=lens, prefills=[], decode_mask=mask, native=None),
+                          hd**-0.5)
+    outs = {}
+    try:
+        for on in (True, False):
+            kernel.set_bf16_dot(on)
+            outs[on] = kernel.decode(q, k_pool, v_pool, tables, lens, hd**-0.5)
+            torch.testing.assert_close(outs[on].float(), ref, atol=1e-2, rtol=8e-3)
+        assert not torch.equal(outs[True], outs[False])
+        q32 = q.float() + 1e-3 * torch.randn(q.shape)  # float32 values, not bfloat16 ones
+        kernel.set_bf16_dot(True)
+        dot_on = kernel.decode(q32, k_pool, v_pool, tables, lens, hd**-0.5)
+        kernel.set_bf16_dot(False)
+        assert torch.equal(dot_on, kernel.decode(q32, k_pool, v_pool, tables, lens, hd**-0.5))
+    finally:
+        kernel.set_bf16_dot(True)

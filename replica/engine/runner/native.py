@@ -60,6 +60,19 @@ class NativeAttention:
         fn.restype = ctypes.c_int
         fn.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 6 + [ctypes.c_float] + [ctypes.c_int64] * 2
         self._fn = fn
+        self._set_bf16_dot = lib.paged_attention_set_bf16_dot
+        self._set_bf16_dot.restype = None
+        self._set_bf16_dot.argtypes = [ctypes.c_int64]
+        has = lib.paged_attention_has_bf16_dot
+        has.restype = ctypes.c_int64
+        # bfloat16 pools and queries through AVX512-BF16's vdpbf16ps (no widening; probabilities
+        # rounded to bfloat16 before the product with V, as PyTorch's CPU attention does)
+        self.has_bf16_dot = bool(has())
+
+    def set_bf16_dot(self, on: bool) -> None:
+        """Process-wide (the library is loaded once): the vdpbf16ps path for bfloat16 (True, the
+        default where the CPU has it) or the widening float32 path (False); for A/B and tests."""
+        self._set_bf16_dot(1 if on else 0)
 
     @staticmethod
     def supports(kv_dtype: torch.dtype) -> bool:

@@ -324,9 +324,137 @@ static inline __attribute__((always_inline)) void attend32_avx512(
                     og[g * hd + 32 * p + order32(kv_dtype, half, lane)] = tmp[32 * p + 16 * half + lane] * inv;
     }
 }
+
+#if defined(__AVX512BF16__)
+#define HAVE_BF16DP 1
+/* bfloat16 pools, queries that are bfloat16 values (the engine's own: its q comes out of a
+ * bfloat16 product and RoPE), hd a multiple of 32: the products in AVX512-BF16's vdpbf16ps,
+ * which multiplies bfloat16 pairs exactly and adds them in float32, with no widening at all.
+ *   q . k: one vdpbf16ps per 32 values of a K row and query head (the 16 lanes' pair sums then
+ *     go through sum16x16 as before), times the scale after the sum;
+ *   p . V: two tokens at a time, their V rows interleaved value by value (vpunpck{l,h}wd) and
+ *     multiplied by the pair (p_t, p_t+1) rounded to bfloat16, as PyTorch's own CPU attention
+ *     rounds its probabilities before the product with V (FlashAttentionKernel.cpp); the
+ *     running sums, the softmax and the rescaling stay float32.
+ * The accumulators hold dims in unpack order: lane 4j + k of acc[2p] is dim 32p + 8j + k, of
+ * acc[2p + 1] dim 32p + 8j + 4 + k. */
+static inline __attribute__((always_inline)) void attend_bf16dp(
+        const float *qg, const void *k_pool, const void *v_pool, const int64_t *table, int64_t len,
+        int64_t group, int64_t hd, int64_t kh, int64_t block_size, int64_t token_stride, float scale,
+        float *og) {
+    const int64_t np = hd / 32;
+    const uint16_t *kp = (const uint16_t *)k_pool, *vp = (const uint16_t *)v_pool;
+    __m512bh qb[MAX_GROUP][MAX_HD / 32];
+    __m512 acc[MAX_GROUP][MAX_HD / 16];
+    float m[MAX_GROUP], l[MAX_GROUP];
+    float sc[MAX_GROUP][16] __attribute__((aligned(64)));
+    uint32_t pair[MAX_GROUP][8] __attribute__((aligned(64))); /* p of tokens 2i, 2i+1 as bf16 */
+    for (int64_t g = 0; g < group; g++) {
+        for (int64_t p = 0; p < np; p++) /* exact: every q value is a bfloat16 (the caller checked) */
+            qb[g][p] = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(qg + g * hd + 32 * p + 16), _mm512_loadu_ps(qg + g * hd + 32 * p));
+        for (int64_t j = 0; j < 2 * np; j++) acc[g][j] = _mm512_setzero_ps();
+        m[g] = 0.f;
+        l[g] = 0.f;
+    }
+    const __m512 vscale = _mm512_set1_ps(scale);
+    for (int64_t start = 0; start < len;) {
+        const int64_t in_block = start % block_size;
+        int64_t n = block_size - in_block;
+        if (n > 16) n = 16;
+        if (n > len - start) n = len - start;
+        const int64_t base = (table[start / block_size] * block_size + in_block) * token_stride + kh * hd;
+        const __mmask16 valid = (__mmask16)((1u << n) - 1u);
+        if (start + n < len) {
+            const int64_t next = start + n, next_in = next % block_size;
+            int64_t nn = block_size - next_in;
+            if (nn > 16) nn = 16;
+            if (nn > len - next) nn = len - next;
+            const int64_t nbase = (table[next / block_size] * block_size + next_in) * token_stride + kh * hd;
+            prefetch_rows(k_pool, nbase, nn, token_stride, hd, KV_BF16);
+            prefetch_rows(v_pool, nbase, nn, token_stride, hd, KV_BF16);
+        }
+        __m512 dd[MAX_GROUP][16];
+        for (int64_t t = 0; t < n; t++) {
+            const uint16_t *row = kp + base + t * token_stride;
+            __m512 dot[MAX_GROUP];
+            for (int64_t g = 0; g < group; g++) dot[g] = _mm512_setzero_ps();
+            for (int64_t p = 0; p < np; p++) {
+                const __m512bh k = (__m512bh)_mm512_loadu_si512((const void *)(row + 32 * p));
+                for (int64_t g = 0; g < group; g++) dot[g] = _mm512_dpbf16_ps(dot[g], qb[g][p], k);
+            }
+            for (int64_t g = 0; g < group; g++) dd[g][t] = dot[g];
+        }
+        for (int64_t g = 0; g < group; g++) {
+            __m512 *d = dd[g];
+            for (int64_t t = n; t < 16; t++) d[t] = _mm512_setzero_ps();
+            const __m512 s = _mm512_mul_ps(sum16x16(d), vscale);
+            float chunk_max = _mm512_mask_reduce_max_ps(valid, s);
+            if (start && m[g] > chunk_max) chunk_max = m[g];
+            const __m512 e = _mm512_maskz_mov_ps(valid, exp16(_mm512_sub_ps(s, _mm512_set1_ps(chunk_max))));
+            _mm512_store_ps(sc[g], e);
+            _mm256_store_si256((__m256i *)pair[g], (__m256i)_mm512_cvtneps_pbh(e)); /* zero past n */
+            if (start) {
+                const float correction = expf(m[g] - chunk_max);
+                l[g] *= correction;
+                if (correction != 1.f)
+                    for (int64_t j = 0; j < 2 * np; j++) acc[g][j] = _mm512_mul_ps(acc[g][j], _mm512_set1_ps(correction));
+            }
+            l[g] += _mm512_reduce_add_ps(e);
+            m[g] = chunk_max;
+        }
+        for (int64_t t = 0; t < n; t += 2) {
+            const uint16_t *ra = vp + base + t * token_stride, *rb = ra + token_stride;
+            const int have_b = t + 1 < n; /* an odd last token pairs with zeros (its p pair's upper half is 0 too) */
+            for (int64_t p = 0; p < np; p++) {
+                const __m512i a = _mm512_loadu_si512((const void *)(ra + 32 * p));
+                const __m512i b = have_b ? _mm512_loadu_si512((const void *)(rb + 32 * p)) : _mm512_setzero_si512();
+                const __m512bh lo = (__m512bh)_mm512_unpacklo_epi16(a, b), hi = (__m512bh)_mm512_unpackhi_epi16(a, b);
+                for (int64_t g = 0; g < group; g++) {
+                    const __m512bh w = (__m512bh)_mm512_set1_epi32((int)pair[g][t / 2]);
+                    acc[g][2 * p] = _mm512_dpbf16_ps(acc[g][2 * p], lo, w);
+                    acc[g][2 * p + 1] = _mm512_dpbf16_ps(acc[g][2 * p + 1], hi, w);
+                }
+            }
+        }
+        start += n;
+    }
+    for (int64_t g = 0; g < group; g++) {
+        float tmp[MAX_HD] __attribute__((aligned(64)));
+        for (int64_t j = 0; j < 2 * np; j++) _mm512_store_ps(tmp + 16 * j, acc[g][j]);
+        const float inv = l[g] > 0.f ? 1.f / l[g] : 0.f;
+        for (int64_t p = 0; p < np; p++)
+            for (int half = 0; half < 2; half++)
+                for (int lane = 0; lane < 16; lane++)
+                    og[g * hd + 32 * p + 8 * (lane / 4) + 4 * half + lane % 4] = tmp[32 * p + 16 * half + lane] * inv;
+    }
+}
+
+/* every value of the group's queries a bfloat16 (low 16 bits zero): vdpbf16ps then multiplies
+ * exactly what the float32 path would */
+static inline int queries_are_bf16(const float *qg, int64_t n) {
+    uint32_t low = 0;
+    for (int64_t i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, qg + i, 4);
+        low |= u & 0xFFFFu;
+    }
+    return low == 0;
+}
+#else
+#define HAVE_BF16DP 0
+#endif
 #else
 #define HAVE_AVX512 0
 #endif
+
+/* 1 (default): bfloat16 pools with bfloat16 queries go through attend_bf16dp where the CPU has
+ * AVX512-BF16; 0: through the widening float32 path (benchmarks.attention_kernel compares). */
+#ifndef HAVE_BF16DP
+#define HAVE_BF16DP 0
+#endif
+static int bf16_dot = 1;
+void paged_attention_set_bf16_dot(int64_t on) { bf16_dot = on != 0; }
+int64_t paged_attention_has_bf16_dot(void) { return HAVE_BF16DP; }
 
 /* one (sequence b, KV head kh) task: the group of query heads sharing that KV head */
 static void attend_task(
@@ -339,6 +467,13 @@ static void attend_task(
         const float *qa = q + (b * nh + kh * group) * hd;
         float *oa = out + (b * nh + kh * group) * hd;
         const int64_t *ta = block_tables + b * max_blocks;
+#if HAVE_BF16DP
+        if (kv_dtype == KV_BF16 && bf16_dot && queries_are_bf16(qa, group * hd)) {
+            if (hd == 64 && group == 3) attend_bf16dp(qa, k_pool, v_pool, ta, context_lens[b], 3, 64, kh, block_size, token_stride, scale, oa);
+            else attend_bf16dp(qa, k_pool, v_pool, ta, context_lens[b], group, hd, kh, block_size, token_stride, scale, oa);
+            return;
+        }
+#endif
         if (kv_dtype == KV_BF16 && (hd == 64 || hd == 128) && group <= 8) {
             /* the common shapes with compile-time group and head dim: the accumulators
              * stay in registers (1.2-1.3x over the runtime-shaped loop) */
