@@ -1,7 +1,8 @@
 """Batch-1 decode at memory speed? The int4 block product's achieved bandwidth against the
 machine's measured memory bandwidth, side by side in one process.
 
-    python -m benchmarks.int4_bandwidth [--threads N] [--rounds 7] [--dtype bfloat16] [--steps 40] [--out FILE.json]
+    python -m benchmarks.int4_bandwidth [--threads N] [--rounds 7] [--dtype bfloat16] [--steps 40]
+        [--quantization int4|int8] [--out FILE.json]
 
 - machine: a STREAM-like read (`torch.sum` over a float32 buffer of `--buffer-mb`, far larger
   than the last-level cache), bytes read / best time;
@@ -18,6 +19,10 @@ machine's measured memory bandwidth, side by side in one process.
   and ~20 torch ops a layer); at more than one thread also `fused_team` (decode_layers with one
   thread team for the whole call, meeting at barriers: the engine's default there). bfloat16
   only (the fused step's dtype); skipped with --steps 0.
+`--quantization int8` measures the int8 model instead: Q8_0 blocks quantised from the float
+weights at load, multiplied against the activations as they are (~157 MB: the 121 fused products
+and the head, 34 bytes per 32 values), both in the kernel pass (the engine's own 121 products)
+and in the step.
 Rounds alternate the two, so load from other processes shifts both alike; `fraction` =
 kernel GB/s / machine GB/s is what counts (issue #16's target: >= 0.7); `step.fraction` is the
 same for the whole step against the machine's best read of the same run.
@@ -37,7 +42,8 @@ from replica.engine.runner import native
 from benchmarks.output import emit, load_average
 
 
-def measure_step(ckpt, steps: int, context: int, buffer: torch.Tensor, dtype: torch.dtype) -> dict:
+def measure_step(ckpt, steps: int, context: int, buffer: torch.Tensor, dtype: torch.dtype,
+                 quantization: str = "int4") -> dict:
     """Median batch-1 decode step of the int4 engine, fused vs module path, stepped alternately;
     one STREAM-like read after each pair (the machine's rate at the same moments)."""
     from benchmarks.engine import start_decoding
@@ -45,7 +51,7 @@ def measure_step(ckpt, steps: int, context: int, buffer: torch.Tensor, dtype: to
     from replica.engine.llm_engine import LLMEngine
 
     engine = LLMEngine.from_config(EngineConfig(model_path=default_model_path(), dtype=str(dtype).removeprefix("torch."),
-                                                quantization="int4", kv_cache_bytes=64 << 20))
+                                                quantization=quantization, kv_cache_bytes=64 << 20))
     model = engine.runner.model
     start_decoding(engine, 1, context, 0, "step")
     times: dict[str, list[float]] = {"fused": [], "modules": []}
@@ -83,19 +89,30 @@ def measure_step(ckpt, steps: int, context: int, buffer: torch.Tensor, dtype: to
 
 
 def measure(threads: int, rounds: int, buffer_mb: int, dtype: torch.dtype = torch.bfloat16, steps: int = 40,
-            context: int = 128) -> dict:
+            context: int = 128, quantization: str = "int4") -> dict:
     torch.set_num_threads(threads)
     kernel = native.load_gguf_matmul()
     if kernel is None:
         raise SystemExit("no C compiler: no block product to measure")
     ckpt = load_checkpoint(default_model_path())
-    blocks = load_block_weights(default_model_path(), ckpt.config)
     hidden = ckpt.config.hidden_size
-    shapes = {name: tuple(ckpt.state_dict[name].shape) for name in blocks}
-    xs = {k: torch.randn(1, k).to(dtype) for k in {s[1] for s in shapes.values()}}
-    products = [(kernel.bind(b.blocks, b.type_name, shapes[name][0]), xs[shapes[name][1]])
-                for name, b in blocks.items()]
-    weight_bytes = sum(b.blocks.numel() for b in blocks.values())
+    if quantization == "int8":  # the int8 model's own products (Q8_0 blocks, float activations)
+        from replica.engine.llm_engine import build_model
+        from replica.engine.models.gguf_linear import GGUFLinear
+
+        model = build_model(ckpt.config, ckpt.state_dict, str(dtype).removeprefix("torch."), "cpu", quantization="int8")
+        mods = [m for m in model.modules() if isinstance(m, GGUFLinear)]
+        products = [(m._product, torch.randn(1, m.in_features).to(dtype)) for m in mods]
+        weight_bytes = sum(m.blocks.numel() for m in mods)
+        matrices = len(mods)
+    else:
+        blocks = load_block_weights(default_model_path(), ckpt.config)
+        shapes = {name: tuple(ckpt.state_dict[name].shape) for name in blocks}
+        xs = {k: torch.randn(1, k).to(dtype) for k in {s[1] for s in shapes.values()}}
+        products = [(kernel.bind(b.blocks, b.type_name, shapes[name][0]), xs[shapes[name][1]])
+                    for name, b in blocks.items()]
+        weight_bytes = sum(b.blocks.numel() for b in blocks.values())
+        matrices = len(blocks)
     buffer = torch.ones(buffer_mb << 18, dtype=torch.float32)  # buffer_mb MiB
     stream, block = [], []
     for _ in range(rounds):
@@ -109,11 +126,11 @@ def measure(threads: int, rounds: int, buffer_mb: int, dtype: torch.dtype = torc
     machine = buffer.numel() * 4 / min(stream) / 1e9
     ours = weight_bytes / min(block) / 1e9
     result = {"cpu": cpu_model(), "threads": threads, "dtype": str(dtype).removeprefix("torch."), "hidden": hidden,
-              "matrices": len(blocks), "weight_mb": round(weight_bytes / 1e6, 1), "pass_ms": round(min(block) * 1e3, 2),
+              "quantization": quantization, "matrices": matrices, "weight_mb": round(weight_bytes / 1e6, 1), "pass_ms": round(min(block) * 1e3, 2),
               "machine_read_gb_per_s": round(machine, 1), "kernel_gb_per_s": round(ours, 1),
               "fraction": round(ours / machine, 2), "load_average_before_step": load_average()}
     if steps and dtype == torch.bfloat16:
-        result["step"] = measure_step(ckpt, steps, context, buffer, dtype)
+        result["step"] = measure_step(ckpt, steps, context, buffer, dtype, quantization)
     result["load_average"] = load_average()
     return result
 
@@ -126,9 +143,11 @@ def main() -> None:
     parser.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
     parser.add_argument("--steps", type=int, default=40, help="engine decode steps per path (0: no step measurement)")
     parser.add_argument("--context", type=int, default=128)
+    parser.add_argument("--quantization", choices=("int4", "int8"), default="int4")
     parser.add_argument("--out")
     args = parser.parse_args()
-    result = measure(args.threads, args.rounds, args.buffer_mb, getattr(torch, args.dtype), args.steps, args.context)
+    result = measure(args.threads, args.rounds, args.buffer_mb, getattr(torch, args.dtype), args.steps, args.context,
+                     args.quantization)
     emit(result, args.out)
 
 

@@ -215,3 +215,20 @@ def test_fused_step_with_one_thread_team_is_the_module_path_bit_for_bit(batch, t
         ops.set_team(ops.TEAM_DEFAULT)
         torch.set_num_threads(before)
     assert answers[0] == answers[1]
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_int8_decode_runs_the_fused_step_bit_for_bit(batch):
+    """int8 (Q8_0 blocks against float activations, no float copy) takes the one-call decode step
+    in bfloat16 too, with the same bits as its module path."""
+    if native.load_decode_ops() is None or native.load_gguf_matmul() is None or native.load() is None:
+        pytest.skip("no C compiler here")
+    engine = our_engine(TINY_HD64, hf_model(TINY_HD64).state_dict(), dtype="bfloat16", kv_cache_bytes=4 << 20,
+                        quantization="int8")
+    assert engine.runner.model.quantization == "int8"
+    seen = both_paths(engine)
+    prompts = [[5 + i, 17, 33 + 2 * i, 9, 70 + i][: 2 + i % 4] * (1 + i % 3) for i in range(batch)]
+    engine.generate(prompts, SamplingParams(max_tokens=6, temperature=0.0))
+    fused_steps = [s for s in seen if s[1]]
+    assert len(fused_steps) == 5 and all(rows == batch for rows, *_ in fused_steps), seen
+    assert all(logits_same and kv_same for _, _, logits_same, kv_same in seen), seen

@@ -104,3 +104,27 @@ def test_threads_split_the_rows_without_changing_a_bit(kernel, type_name, m):
         torch.set_num_threads(before)
     for got in results:
         assert torch.equal(got, one)
+
+
+@pytest.mark.parametrize("m,n,k", [(1, 96, 576), (3, 40, 64), (8, 17, 1536), (11, 33, 96), (2, 640, 1024)])
+def test_q8_0_against_float_activations_is_the_dequantised_float32_product(kernel, m, n, k):
+    """"Q8_0_FX" (int8 weight-only): the same Q8_0 blocks against x as given, not quantised: the
+    float32 product of the dequantised weights up to float32 summation order; bf16 in and out is
+    that product of the same values rounded once; threads change no bit."""
+    rng = np.random.default_rng(m * 7 + n + k)
+    blocks = torch.from_numpy(random_blocks("Q8_0", n, k, rng).copy())
+    weight = dequantize(blocks.numpy().reshape(-1), TYPE_IDS["Q8_0"]).reshape(n, k).astype(np.float64)
+    x = rng.normal(0, 1, (m, k)).astype(np.float32)
+    got = kernel(blocks, "Q8_0_FX", torch.from_numpy(x), n).numpy()
+    ref = x.astype(np.float64) @ weight.T
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
+    xb = torch.from_numpy(x).bfloat16()
+    assert torch.equal(kernel(blocks, "Q8_0_FX", xb, n), kernel(blocks, "Q8_0_FX", xb.float(), n).bfloat16())
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = kernel(blocks, "Q8_0_FX", xb, n)
+        torch.set_num_threads(3)
+        assert torch.equal(kernel(blocks, "Q8_0_FX", xb, n), one)
+    finally:
+        torch.set_num_threads(before)

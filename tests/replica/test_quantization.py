@@ -8,9 +8,11 @@ import torch
 from replica.backend.model_parameters import ModelParameters
 from replica.engine.config import CHECKPOINT_FORMATS, EngineConfig, normalize_quantization
 from replica.engine.llm_engine import LLMEngine, build_model
-from replica.engine.models.gguf_quants import GGML_TYPES
+from replica.engine.models.gguf_linear import BlockEmbedding, GGUFLinear, dequantize_q8_0
+from replica.engine.models.gguf_quants import GGML_TYPES, dequantize
 from replica.engine.models.quantization import Int8Embedding, Int8Linear, quantize_int8, weight_bytes
 from replica.engine.models.scoring import sequence_logits
+from replica.engine.runner import native
 from replica.engine.sampling_params import SamplingParams
 from replica.launch import parse_args
 from tests.replica.tiny_llama import TINY, ByteDecoder, hf_model
@@ -88,7 +90,40 @@ def test_int8_linear_matches_float_within_tolerance(dtype, rows):
     assert torch.allclose(y.float(), x.to(dtype).float() @ layer.dequantized_weight().T, rtol=0.02, atol=0.02)
 
 
-def test_quantize_model_replaces_every_projection_and_shares_the_tied_table(state_dict):
+def test_int8_on_the_cpu_is_q8_0_blocks_without_a_float_copy(state_dict):
+    """Where the C block product exists: every projection and the head are Q8_0 blocks (one
+    float16 scale per 32 values), no float weight kept, the tied embedding a lookup into the
+    head's blocks; a block dequantises to within half a step of the float weight."""
+    float_model = build_model(TINY, state_dict, "float32", "cpu")
+    model = build_model(TINY, state_dict, "float32", "cpu", quantization="int8")
+    assert model.quantization == "int8"
+    assert not any(isinstance(m, torch.nn.Linear) for m in model.modules())
+    for layer, ref in zip(model.model.layers, float_model.model.layers):
+        for proj, ref_proj in ((layer.self_attn.qkv_proj, ref.self_attn.qkv_proj), (layer.mlp.down_proj, ref.mlp.down_proj)):
+            assert isinstance(proj, GGUFLinear) and proj.type_name == "Q8_0" and proj.weight is None
+            w = ref_proj.weight.float()
+            step = w.reshape(w.shape[0], -1, 32).abs().amax(-1, keepdim=True) / 127
+            deq = dequantize_q8_0(proj.blocks, torch.float32)
+            assert torch.equal(deq, torch.from_numpy(dequantize(proj.blocks.numpy().reshape(-1), 8)).reshape(deq.shape))
+            err = (deq.reshape(w.shape[0], -1, 32) - w.reshape(w.shape[0], -1, 32)).abs()
+            # half a step, plus the float16 scale's rounding (2^-11 relative) times at most 127 steps
+            assert (err <= step * (0.5 + 127 * 2.0**-11) + 1e-9).all()
+    assert isinstance(model.model.embed_tokens, BlockEmbedding) and model.model.embed_tokens.table[0] is model.quantized_head
+    ids = torch.tensor([0, 5, TINY.vocab_size - 1])
+    torch.testing.assert_close(model.model.embed_tokens(ids), float_model.model.embed_tokens(ids), atol=0.02, rtol=0.02)
+    # weights at rest: 34 bytes per 32 matrix elements (the head once); norms stay float32
+    c = TINY
+    q, kv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+    rows_cols = [(q + 2 * kv, c.hidden_size), (c.hidden_size, q), (2 * c.intermediate_size, c.hidden_size),
+                 (c.hidden_size, c.intermediate_size)] * c.num_layers + [(c.vocab_size, c.hidden_size)]
+    norms = 4 * c.hidden_size * (2 * c.num_layers + 1)
+    assert weight_bytes(model) == sum(r * k // 32 * 34 for r, k in rows_cols) + norms
+    assert weight_bytes(model) < 0.3 * weight_bytes(float_model)
+
+
+def test_quantize_model_replaces_every_projection_and_shares_the_tied_table(state_dict, monkeypatch):
+    """Without the C block product (no compiler; other devices): PyTorch's int8 kernel, per channel."""
+    monkeypatch.setattr(native, "load_gguf_matmul", lambda portable=False: None)
     model = build_model(TINY, state_dict, "float32", "cpu", quantization="int8")
     assert model.quantization == "int8"
     assert not any(isinstance(m, torch.nn.Linear) for m in model.modules())

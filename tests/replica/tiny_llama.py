@@ -55,5 +55,5 @@ def our_engine(c: ModelConfig, state_dict, *, kv_cache_bytes=1 << 20, dtype: str
                device: str = "cpu", **engine_kwargs) -> LLMEngine:
     config = EngineConfig(model_path="<memory>", dtype=dtype, kv_cache_bytes=kv_cache_bytes, device=device,
                           **engine_kwargs)
-    model = build_model(c, state_dict, dtype, device)
+    model = build_model(c, state_dict, dtype, device, quantization=config.quantization)
     return LLMEngine(config, c, model, ByteDecoder())

@@ -69,24 +69,61 @@ def load_block_weights(path: str, config: ModelConfig) -> dict[str, BlockWeight]
     return gguf_block_weights(GGUFReader(path), config)
 
 
-class GGUFLinear(nn.Module):
-    """y = x @ W.T: the block product for up to `kernel_max_rows` rows, else the float GEMM."""
+KERNEL_MAX_ROWS_BLOCKS_ONLY = 64  # without a float copy the block product serves a full decode batch too
 
-    def __init__(self, weight: torch.Tensor, block: BlockWeight, kernel: native.GGUFMatmul | None) -> None:
+
+def q8_0_blocks(weight: torch.Tensor) -> BlockWeight:
+    """A float matrix [N, K] (K a multiple of 32) quantised to GGUF's Q8_0 blocks, ggml's way:
+    per 32 values d = max|w| / 127 (stored as float16), q = round(w / d) (half away from zero)."""
+    n, k = weight.shape
+    if k % 32:
+        raise ValueError(f"Q8_0 needs rows of a multiple of 32 values, not {k}")
+    w = weight.detach().float().cpu().reshape(n, k // 32, 32)
+    d = w.abs().amax(dim=-1) / 127.0
+    inv = torch.where(d > 0, 1.0 / d, torch.zeros_like(d))
+    v = w * inv.unsqueeze(-1)
+    q = (torch.sign(v) * torch.floor(v.abs() + 0.5)).clamp(-127, 127).to(torch.int8)
+    rec = np.zeros((n, k // 32), dtype=[("d", "<f2"), ("qs", "i1", (32,))])
+    rec["d"] = d.numpy().astype(np.float16)
+    rec["qs"] = q.numpy()
+    return BlockWeight("Q8_0", torch.from_numpy(rec.view(np.uint8).reshape(n, -1).copy()))
+
+
+def dequantize_q8_0(blocks: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Q8_0 blocks uint8 [N, nb * 34] (or a selection of rows) -> [N, nb * 32] in `dtype`."""
+    rec = blocks.reshape(*blocks.shape[:-1], -1, 34)
+    d = rec[..., :2].contiguous().view(torch.float16).float()  # [..., nb, 1]
+    q = rec[..., 2:].contiguous().view(torch.int8).float()
+    return (q * d).reshape(*blocks.shape[:-1], -1).to(dtype)
+
+
+class GGUFLinear(nn.Module):
+    """y = x @ W.T: the block product for up to `kernel_max_rows` rows, else the float GEMM (on
+    the float weight the model holds, or, with `weight` None, on the blocks dequantised for the
+    call: int8 keeps no float copy)."""
+
+    def __init__(self, weight: torch.Tensor | None, block: BlockWeight, kernel: native.GGUFMatmul | None) -> None:
         super().__init__()
-        self.out_features, self.in_features = weight.shape
-        if block.blocks.shape[0] != self.out_features:
-            raise ValueError(f"blocks hold {block.blocks.shape[0]} rows, the weight {self.out_features}")
-        self.weight = nn.Parameter(weight, requires_grad=False)
+        if weight is None and block.type_name != "Q8_0":
+            raise ValueError("only Q8_0 blocks are dequantised per call; keep the float weight")
+        self.out_features = block.blocks.shape[0]
+        self.in_features = weight.shape[1] if weight is not None else block.blocks.shape[1] // 34 * 32
+        if weight is not None and weight.shape[0] != self.out_features:
+            raise ValueError(f"blocks hold {block.blocks.shape[0]} rows, the weight {weight.shape[0]}")
+        self.weight = nn.Parameter(weight, requires_grad=False) if weight is not None else None
         self.register_buffer("blocks", block.blocks.contiguous())
         self.type_name = block.type_name
+        # block-only (int8): the product keeps the activations in float (weight-only error);
+        # with a float copy (int4): int8 activations per 32 values, as llama.cpp
+        self.kernel_type = "Q8_0_FX" if weight is None else block.type_name
         self.kernel = kernel
-        self.kernel_max_rows = KERNEL_MAX_ROWS if kernel is not None else 0
+        limit = KERNEL_MAX_ROWS if weight is not None else KERNEL_MAX_ROWS_BLOCKS_ONLY
+        self.kernel_max_rows = limit if kernel is not None else 0
         self._bind()
 
     def _bind(self) -> None:
         kernel = self.kernel
-        self._product = kernel.bind(self.blocks, self.type_name, self.out_features) if kernel is not None else None
+        self._product = kernel.bind(self.blocks, self.kernel_type, self.out_features) if kernel is not None else None
 
     def _apply(self, fn, *args, **kwargs):  # .to() / .cpu() may replace the blocks: bind to the new ones
         out = super()._apply(fn, *args, **kwargs)
@@ -96,11 +133,13 @@ class GGUFLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[0] <= self.kernel_max_rows and x.device.type == "cpu":
             return self._product(x)  # in x's dtype
+        if self.weight is None:
+            return nn.functional.linear(x, dequantize_q8_0(self.blocks, x.dtype).to(x.device))
         return nn.functional.linear(x, self.weight)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, {self.type_name} blocks "
-                f"up to {self.kernel_max_rows} rows")
+                f"({self.kernel_type} product) up to {self.kernel_max_rows} rows")
 
 
 def quantize_int4(model: nn.Module, blocks: dict[str, BlockWeight]) -> None:
@@ -124,6 +163,18 @@ def quantize_int4(model: nn.Module, blocks: dict[str, BlockWeight]) -> None:
         mlp.down_proj = GGUFLinear(mlp.down_proj.weight, blocks[p + "mlp.down_proj.weight"], kernel)
     head = model.model.embed_tokens.weight if model.config.tie_word_embeddings else model.lm_head.weight
     model.quantized_head = GGUFLinear(head, blocks[need[0]], kernel)
+
+
+class BlockEmbedding(nn.Module):
+    """Row lookup into a Q8_0 GGUFLinear's blocks (int8's tied embedding and head: one copy)."""
+
+    def __init__(self, head: GGUFLinear, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.table = (head,)  # a tuple: not a submodule, so its blocks are not listed twice
+        self.dtype = dtype
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return dequantize_q8_0(self.table[0].blocks[ids.cpu()], self.dtype).to(ids.device)
 
 
 def set_kernel_max_rows(model: nn.Module, rows: int) -> None:

@@ -251,7 +251,7 @@ class LlamaForCausalLM(nn.Module):
             if k_pool.dtype != torch.bfloat16 or not (k_pool.is_contiguous() and v_pool.is_contiguous()):
                 return None
             kernels |= {id(p.kernel) for p in projs}
-            types = [p.kernel.TYPES[p.type_name] for p in projs]
+            types = [p.kernel.TYPES[p.kernel_type] for p in projs]
             layers.append(native.DecodeLayer(
                 layer.input_layernorm.weight.data_ptr(), layer.post_attention_layernorm.weight.data_ptr(),
                 *(p.blocks.data_ptr() for p in projs), *types, k_pool.data_ptr(), v_pool.data_ptr()))

@@ -99,12 +99,47 @@ class Int8Embedding(nn.Module):
         return (head.qweight[ids].float() * head.scale[ids, None]).to(self.dtype)
 
 
+def _int8_as_blocks(model: nn.Module, dtype: torch.dtype) -> bool:
+    """int8 as GGUF Q8_0 blocks (8-bit values, one float16 scale per 32) where the C block product
+    exists (a CPU with a compiler): every projection and the head become block-only GGUFLinears
+    (no float copy kept; dequantised per call for prefill's many rows), the tied embedding a
+    lookup into the head's blocks, and a decode step of up to 8 sequences runs as one C call
+    (decode_layers), as int4 does. False (nothing changed) where that cannot be."""
+    from replica.engine.models.gguf_linear import BlockEmbedding, GGUFLinear, q8_0_blocks
+    from replica.engine.runner import native
+
+    device = next(model.parameters()).device
+    kernel = native.load_gguf_matmul() if device.type == "cpu" else None
+    mats = [m.weight for layer in model.model.layers
+            for m in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj)]
+    if kernel is None or any(w.shape[1] % 32 for w in [*mats, model.model.embed_tokens.weight]):
+        return False
+    for layer in model.model.layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        attn.qkv_proj = GGUFLinear(None, q8_0_blocks(attn.qkv_proj.weight), kernel)
+        attn.o_proj = GGUFLinear(None, q8_0_blocks(attn.o_proj.weight), kernel)
+        mlp.gate_up_proj = GGUFLinear(None, q8_0_blocks(mlp.gate_up_proj.weight), kernel)
+        mlp.down_proj = GGUFLinear(None, q8_0_blocks(mlp.down_proj.weight), kernel)
+    if model.config.tie_word_embeddings:
+        model.quantized_head = GGUFLinear(None, q8_0_blocks(model.model.embed_tokens.weight), kernel)
+        model.model.embed_tokens = BlockEmbedding(model.quantized_head, dtype)
+    else:
+        model.quantized_head = GGUFLinear(None, q8_0_blocks(model.lm_head.weight), kernel)
+        del model.lm_head
+        model.embed_table = GGUFLinear(None, q8_0_blocks(model.model.embed_tokens.weight), kernel)
+        model.model.embed_tokens = BlockEmbedding(model.embed_table, dtype)
+    return True
+
+
 def quantize_model(model: nn.Module, method: str) -> None:
     """Quantise a loaded (fused) LlamaForCausalLM in place. method: "none" or "int8"."""
     method = normalize_quantization(method)
     if method == NONE:
         return
     dtype = next(model.parameters()).dtype
+    if _int8_as_blocks(model, dtype):
+        model.quantization = method
+        return
     for layer in model.model.layers:
         attn, mlp = layer.self_attn, layer.mlp
         attn.qkv_proj = Int8Linear.from_float(attn.qkv_proj.weight, dtype)

@@ -123,7 +123,9 @@ class GGUFMatmul:
     float32 or bfloat16 go straight through (the kernel reads and writes them); other dtypes
     through float32."""
 
-    TYPES = {"Q4_0": 2, "Q4_1": 3, "Q8_0": 8}
+    # "Q8_0_FX": Q8_0 blocks against the float activations themselves (int8 weight-only), the
+    # others quantise the activations to int8 per 32 values as llama.cpp does
+    TYPES = {"Q4_0": 2, "Q4_1": 3, "Q8_0": 8, "Q8_0_FX": 108}
     IO_DTYPES = {torch.float32: 0, torch.bfloat16: 1}
 
     def __init__(self, lib: ctypes.CDLL) -> None:

@@ -292,8 +292,8 @@ int decode_layers(const decode_layer *layers, int64_t num_layers, const decode_k
  * is bit-equal. Kernel refusals are recorded and returned after the whole pass (no early exit:
  * every thread must meet every barrier). */
 
-static int64_t gguf_type_bytes(int64_t type) { /* bytes per 32-value block: Q4_0, Q4_1, Q8_0 */
-    return type == 2 ? 18 : type == 3 ? 20 : type == 8 ? 34 : 0;
+static int64_t gguf_type_bytes(int64_t type) { /* bytes per 32-value block: Q4_0, Q4_1, Q8_0 (108: Q8_0, float x) */
+    return type == 2 ? 18 : type == 3 ? 20 : (type == 8 || type == 108) ? 34 : 0;
 }
 
 /* thread t of nt: rows [n0, n1) of N, split in multiples of 16 */

@@ -24,6 +24,8 @@
 #endif
 
 enum { GGML_Q4_0 = 2, GGML_Q4_1 = 3, GGML_Q8_0 = 8 };
+/* Q8_0 blocks against float activations (not quantised): int8 weight-only (models/quantization.py) */
+enum { Q8_0_FLOAT_X = 108 };
 /* Weight bytes ahead of the block being read to prefetch (0: none). One thread reading a matrix
  * from DRAM ran at ~40% of a plain read without it: the hardware prefetcher does not keep
  * enough lines in flight for a loop this slow per byte. 2-16 KiB measured alike (1.3-1.4x). */
@@ -366,11 +368,85 @@ static void output_rows(const void *w, int64_t type, void *y, int64_t M, int64_t
 #undef SPECIALISE
 }
 
+/* ---- Q8_0 weights, float activations: weight-only int8 ----
+ * y[m, n] = sum_b d_w[n, b] * sum_j q[n, b, j] * x[m, 32 b + j] in float32: each int8 value
+ * widened exactly, x as given (bfloat16 widened exactly), no activation quantisation, so the only
+ * error is the weights' own. One weight block is widened once for all M rows. */
+static void q8_float_rows(const uint8_t *w, const float *xf, void *y, int64_t M, int64_t N, int64_t K,
+                          int64_t io_dtype, int64_t n0, int64_t n1) {
+    const int64_t nb = K / QK, row_bytes = nb * (int64_t)sizeof(block_q8_0);
+    for (int64_t n = n0; n < n1; n++) {
+        const block_q8_0 *row = (const block_q8_0 *)(w + n * row_bytes);
+        for (int64_t m0 = 0; m0 < M; m0 += ROWS_PER_PASS) {
+            const int64_t rows = M - m0 < ROWS_PER_PASS ? M - m0 : ROWS_PER_PASS;
+            float value[ROWS_PER_PASS];
+#if defined(__AVX512F__) && !defined(NATIVE_PORTABLE)
+            __m512 acc[ROWS_PER_PASS];
+            for (int64_t r = 0; r < rows; r++) acc[r] = _mm512_setzero_ps();
+            for (int64_t b = 0; b < nb; b++) {
+                PREFETCH_W(row + b);
+                const __m512 d = _mm512_set1_ps(half_to_float(row[b].d));
+                const __m512 w0 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)row[b].qs))), d);
+                const __m512 w1 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(row[b].qs + 16)))), d);
+                for (int64_t r = 0; r < rows; r++) {
+                    const float *xr = xf + (m0 + r) * K + b * QK;
+                    acc[r] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(xr + 16), _mm512_fmadd_ps(w0, _mm512_loadu_ps(xr), acc[r]));
+                }
+            }
+            for (int64_t r = 0; r < rows; r++) value[r] = _mm512_reduce_add_ps(acc[r]);
+#else
+            for (int64_t r = 0; r < rows; r++) {
+                float sum = 0.f;
+                for (int64_t b = 0; b < nb; b++) {
+                    const float d = half_to_float(row[b].d);
+                    const float *xr = xf + (m0 + r) * K + b * QK;
+                    for (int j = 0; j < QK; j++) sum += ((float)row[b].qs[j] * d) * xr[j];
+                }
+                value[r] = sum;
+            }
+#endif
+            for (int64_t r = 0; r < rows; r++) {
+                if (io_dtype == IO_BF16) ((uint16_t *)y)[(m0 + r) * N + n] = float_to_bf16(value[r]);
+                else ((float *)y)[(m0 + r) * N + n] = value[r];
+            }
+        }
+    }
+}
+
+static int q8_float_matmul(const void *w, const void *x, void *y, int64_t M, int64_t N, int64_t K,
+                           int64_t num_threads, int64_t io_dtype) {
+    float *xf = malloc(sizeof(float) * (size_t)(M * K));
+    if (!xf) return -1;
+    for (int64_t i = 0; i < M * K; i++)
+        xf[i] = io_dtype == IO_BF16 ? bf16_to_float(((const uint16_t *)x)[i]) : ((const float *)x)[i];
+    const int64_t row_bytes = K / QK * (int64_t)sizeof(block_q8_0);
+    if (num_threads > 1 && N * row_bytes >= PARALLEL_MIN_BYTES) {
+#pragma omp parallel num_threads(num_threads)
+        {
+#ifdef _OPENMP
+            const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+#else
+            const int64_t t = 0, nt = 1;
+#endif
+            const int64_t per = (N + nt - 1) / nt, n0 = t * per < N ? t * per : N, n1 = n0 + per < N ? n0 + per : N;
+            if (M == 1 && io_dtype == IO_BF16) q8_float_rows(w, xf, y, 1, N, K, IO_BF16, n0, n1);
+            else q8_float_rows(w, xf, y, M, N, K, io_dtype, n0, n1);
+        }
+    } else if (M == 1 && io_dtype == IO_BF16) {
+        q8_float_rows(w, xf, y, 1, N, K, IO_BF16, 0, N);
+    } else {
+        q8_float_rows(w, xf, y, M, N, K, io_dtype, 0, N);
+    }
+    free(xf);
+    return 0;
+}
+
 /* Returns 0, or -1 for an unsupported type, io_dtype or shape. */
 int gguf_matmul(const void *w, int64_t type, const void *x, void *y, int64_t M, int64_t N, int64_t K,
                 int64_t num_threads, int64_t io_dtype) {
-    if ((type != GGML_Q4_0 && type != GGML_Q4_1 && type != GGML_Q8_0) || K % QK || M < 1) return -1;
     if (io_dtype != IO_F32 && io_dtype != IO_BF16) return -1;
+    if (type == Q8_0_FLOAT_X && K % QK == 0 && M >= 1) return q8_float_matmul(w, x, y, M, N, K, num_threads, io_dtype);
+    if ((type != GGML_Q4_0 && type != GGML_Q4_1 && type != GGML_Q8_0) || K % QK || M < 1) return -1;
     const int64_t nb = K / QK, bsz = block_bytes((int)type), row_bytes = nb * bsz;
     int8_t *xq = malloc((size_t)(M * K));
     float *xd = malloc(sizeof(float) * (size_t)(M * nb)), *xs = malloc(sizeof(float) * (size_t)(M * nb));
