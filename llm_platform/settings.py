@@ -150,6 +150,9 @@ REDIS_CONNECT_TIMEOUT_SECONDS = env_float("REDIS_CONNECT_TIMEOUT_SECONDS", 1.0)
 REDIS_SOCKET_TIMEOUT_SECONDS = env_float("REDIS_SOCKET_TIMEOUT_SECONDS", 2.0)
 REDIS_POOL_MAX_SIZE = env_int("REDIS_POOL_MAX_SIZE", 64)
 REDIS_POOL_TIMEOUT_SECONDS = env_float("REDIS_POOL_TIMEOUT_SECONDS", 2.0)
+# The asyncio clients' plain pipelines over a lean connection pool of their own
+# (common/lean_redis.py); 0: through redis-py's pool like every other command.
+REDIS_LEAN_PIPELINES = env_bool("REDIS_LEAN_PIPELINES", True)
 # Retry-After (seconds) with the 503 when Redis or PostgreSQL fails a request.
 DEPENDENCY_RETRY_AFTER_SECONDS = env_int("DEPENDENCY_RETRY_AFTER_SECONDS", 1)
 # Every platform key in Redis starts with this, so several deployments (or test runs) can

@@ -1,0 +1,206 @@
+"""common/lean_redis.py: plain pipelines sent over the lean pool give what redis-py's pipeline
+gives (the same results through the same reply callbacks, the same error instances), a
+connection that died while idle is replaced transparently, a hung Redis fails the round trip
+with redis.TimeoutError within the socket timeout and that connection is never reused, the
+pool's bound holds, and transactions and scripts still go through redis-py. Against the test
+Redis (REDIS_URL) and, for the faults, a private redis-server."""
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import pytest
+import redis
+import redis.asyncio as aioredis
+from django.conf import settings
+from redis.exceptions import NoScriptError, ResponseError
+
+from common.lean_redis import LeanConnection, LeanPipeline, LeanRedis
+from llm_platform.redis_clients import async_redis
+from tests.support.private_redis import PrivateRedis
+
+pytestmark = pytest.mark.asyncio
+
+
+def client(url: str, max_connections: int = 4, socket_timeout: float = 2.0,
+           wait_timeout: float = 2.0) -> LeanRedis:
+    pool = aioredis.BlockingConnectionPool.from_url(url, max_connections=max_connections,
+                                                    timeout=wait_timeout,
+                                                    socket_timeout=socket_timeout,
+                                                    socket_connect_timeout=socket_timeout)
+    return LeanRedis.on_pool(pool, max_connections, wait_timeout)
+
+
+def queue_everything(pipe, key: str, sha: str) -> None:
+    pipe.set(key + ":s", "v", px=30000)
+    pipe.set(key + ":s", "w", nx=True)  # refused: None
+    pipe.get(key + ":s")
+    pipe.hset(key + ":h", mapping={"a": 1, "b": "x"})
+    pipe.hgetall(key + ":h")
+    pipe.hmget(key + ":h", ["a", "nope"])
+    pipe.hincrby(key + ":h", "a", 5)
+    pipe.hincrbyfloat(key + ":h", "f", 0.1)
+    pipe.incr(key + ":n")
+    pipe.incrby(key + ":n", 41)
+    pipe.sadd(key + ":set", 1, 2)
+    pipe.smembers(key + ":set")
+    pipe.zadd(key + ":z", {"m": 1.5})
+    pipe.zrange(key + ":z", 0, -1, withscores=True)
+    pipe.zscore(key + ":z", "m")
+    pipe.xadd(key + ":x", {"e": "{}"}, maxlen=100, approximate=False)
+    pipe.xlen(key + ":x")
+    pipe.exists(key + ":s", key + ":nope")
+    pipe.pexpire(key + ":h", 30000)
+    pipe.hincrby(key + ":s", "a", 1)  # WRONGTYPE: an error among the results
+    pipe.evalsha(sha, 2, key + ":a", key + ":b", "x", 7)
+    pipe.evalsha("0" * 40, 0)  # NOSCRIPT
+    pipe.delete(key + ":s", key + ":h", key + ":n", key + ":set", key + ":z", key + ":x")
+
+
+def comparable(results: list) -> list:
+    out = []
+    for r in results:
+        if isinstance(r, Exception):
+            out.append((type(r).__name__, str(r)))
+        elif isinstance(r, (str, bytes)) and len(r) == len(b"1700000000000-0") and b"-" in (
+                r if isinstance(r, bytes) else r.encode()):
+            out.append("stream-id")
+        else:
+            out.append(r)
+    return out
+
+
+async def test_a_plain_pipeline_gives_what_redis_py_gives():
+    lean = client(settings.REDIS_URL)
+    plain = aioredis.Redis.from_url(settings.REDIS_URL)
+    sha = await plain.script_load("return {KEYS[1], ARGV[1], tonumber(ARGV[2]) + 1, "
+                                  "{ok='fine'}}")
+    try:
+        got, want = [], []
+        key = f"lean-test:{uuid.uuid4().hex}"  # the pipeline deletes its keys at its end
+        for target, out in ((lean, got), (plain, want)):
+            pipe = target.pipeline(transaction=False)
+            queue_everything(pipe, key, sha)
+            out.extend(await pipe.execute(raise_on_error=False))
+        assert isinstance(lean.pipeline(transaction=False), LeanPipeline)
+        assert comparable(got) == comparable(want)
+        assert isinstance(got[-2], NoScriptError) and isinstance(got[-4], ResponseError)
+        key = f"lean-test:{uuid.uuid4().hex}"
+        pipe = lean.pipeline(transaction=False)
+        pipe.set(key, "v")
+        pipe.hincrby(key, "a", 1)
+        with pytest.raises(ResponseError, match="Command # 2"):
+            await pipe.execute()
+        await plain.delete(key)
+        # Transactions and pipelines holding redis-py Scripts are redis-py's own.
+        assert not isinstance(lean.pipeline(), LeanPipeline)
+        async with lean.pipeline() as tx:
+            assert await tx.incr(key + ":t").expire(key + ":t", 5).execute() == [1, True]
+        script = lean.register_script("return 5")
+        pipe = lean.pipeline(transaction=False)
+        await script(keys=[], args=[], client=pipe)
+        assert await pipe.execute() == [5]
+    finally:
+        await lean.aclose()
+        await plain.aclose()
+
+
+async def test_the_platform_client_uses_it_unless_turned_off(settings):
+    made = async_redis()
+    assert isinstance(made, LeanRedis) and made.lean is not None
+    await made.aclose()
+    settings.REDIS_LEAN_PIPELINES = False
+    made = async_redis()
+    assert not isinstance(made.pipeline(transaction=False), LeanPipeline)
+    await made.aclose()
+
+
+async def test_a_connection_that_died_while_idle_is_replaced():
+    lean = client(settings.REDIS_URL)
+    plain = aioredis.Redis.from_url(settings.REDIS_URL)
+    try:
+        name = f"lean-{uuid.uuid4().hex[:8]}"
+        pipe = lean.pipeline(transaction=False)
+        pipe.client_setname(name)
+        pipe.ping()
+        assert await pipe.execute() == [True, True]
+        killed = None
+        for entry in await plain.client_list():
+            if entry.get("name") == name:
+                await plain.execute_command("CLIENT", "KILL", "ID", entry["id"])
+                killed = entry["id"]
+        assert killed is not None
+        pipe = lean.pipeline(transaction=False)
+        pipe.ping()
+        assert await pipe.execute() == [True]
+    finally:
+        await lean.aclose()
+        await plain.aclose()
+
+
+async def test_a_hung_redis_times_out_and_the_pool_bound_holds():
+    server = PrivateRedis().start()
+    lean = client(server.url, max_connections=1, socket_timeout=0.5, wait_timeout=0.2)
+    try:
+        pipe = lean.pipeline(transaction=False)
+        pipe.ping()
+        assert await pipe.execute() == [True]
+        server.pause()
+        hung = lean.pipeline(transaction=False)
+        hung.ping()
+        first = asyncio.ensure_future(hung.execute())
+        await asyncio.sleep(0)  # it holds the one connection
+        waiting = lean.pipeline(transaction=False)
+        waiting.ping()
+        with pytest.raises(redis.ConnectionError, match="No connection available"):
+            await waiting.execute()
+        with pytest.raises(redis.TimeoutError):
+            await first
+        server.resume()
+        pipe = lean.pipeline(transaction=False)
+        pipe.ping()
+        assert await pipe.execute() == [True]  # on a new connection: the hung one was closed
+        # Cancelled mid round trip: that connection is closed too, the pool still serves.
+        server.pause()
+        pipe = lean.pipeline(transaction=False)
+        pipe.ping()
+        task = asyncio.ensure_future(pipe.execute())
+        await asyncio.sleep(0.05)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        server.resume()
+        pipe = lean.pipeline(transaction=False)
+        pipe.ping()
+        assert await pipe.execute() == [True]
+        server.stop()
+        pipe = lean.pipeline(transaction=False)
+        pipe.ping()
+        with pytest.raises(redis.ConnectionError):
+            await pipe.execute()
+    finally:
+        await lean.aclose()
+        server.stop()
+
+
+async def test_a_script_call_goes_over_the_lean_pool_and_loads_itself_on_noscript(monkeypatch):
+    server = PrivateRedis().start()  # a fresh script cache: the first EVALSHA gets NOSCRIPT
+    lean = client(server.url)
+    sent = []
+    real_send = LeanConnection.send
+    monkeypatch.setattr(LeanConnection, "send",
+                        lambda self, packed: sent.append(packed) or real_send(self, packed))
+    try:
+        add = lean.register_script("return tonumber(ARGV[1]) + 1")
+        assert await add(keys=[], args=[41]) == 42
+        assert await add(keys=[], args=[1]) == 2
+        commands = [p.split(b"\r\n")[2] for p in sent]
+        assert commands == [b"HELLO", b"EVALSHA", b"EVALSHA", b"EVALSHA"]  # NOSCRIPT, then ran
+        boom = lean.register_script("return redis.error_reply('boom')")
+        with pytest.raises(ResponseError, match="boom"):
+            await boom(keys=[], args=[])
+        assert await lean.set("plain", "x") is True  # not EVALSHA: redis-py's own
+        assert len([p for p in sent if b"SET" in p]) == 0
+    finally:
+        await lean.aclose()
+        server.stop()
