@@ -1,38 +1,39 @@
-"""Pipelines sent over a lean connection: redis-py's commands and reply callbacks, without
-redis-py's per-call machinery.
+"""Pipelines and EVALSHA calls sent over one lean, auto-pipelined connection: redis-py's
+commands and reply callbacks, without redis-py's per-call machinery.
 
 redis-py 8 spends about 60 us of CPU on every pipeline it sends, besides the commands: the pool
 checkout (an asyncio.Condition, a timeout, a connection check), observability hooks, HIMPORT
-bookkeeping, the retry wrapper and the release; the same round trip written and read directly
-(hiredis packing and parsing, uvloop) costs about 15 us here. The API sends three or four per
-request. `LeanRedis` is a redis-py asyncio client whose plain pipelines
-(`pipeline(transaction=False)`, without redis-py `Script` objects: common/pipelines.py queues
-EVALSHA itself) are queued by redis-py's own methods, so the commands, their arguments (encoded by
-the pool's encoder) and the reply callbacks are redis-py's, and sent by `execute` over a
-connection of its own small pool (`LeanPool`). What holds as with redis-py's pool
-(llm_platform/redis_clients.py):
+bookkeeping, the retry wrapper and the release; and each round trip is a send and a receive
+system call of its own (a loopback TCP send costs tens of microseconds of the sender's CPU
+here: the receiver's TCP work runs in it). `LeanRedis` is a redis-py asyncio client whose plain
+pipelines (`pipeline(transaction=False)`, without redis-py `Script` objects: common/pipelines.py
+queues EVALSHA itself) and single EVALSHA calls (what a `Script` call sends) are queued by
+redis-py's own methods, so the commands, their arguments (encoded by the pool's encoder) and
+the reply callbacks are redis-py's, and sent by a `LeanPool`: one connection per client (per
+event loop), on which every batch submitted while the loop runs one iteration goes out in one
+write and the replies, in the same order, come back to one reader task (auto-pipelining, as
+ioredis and others do). What holds as with redis-py's pool (llm_platform/redis_clients.py):
 
 - an error reply of one command is that command's result (a `ResponseError`, `NoScriptError`
-  for NOSCRIPT, parsed as redis-py parses it), raised first with `raise_on_error`;
-- a connection that fails raises `redis.ConnectionError`, a reply later than `socket_timeout`
-  raises `redis.TimeoutError`; the whole pipeline is sent once more on a fresh connection after
-  a connection error (a connection that died while idle), never after a timeout;
-- at most `max_connections` connections; a caller waits up to `wait_timeout` for one, then gets
-  `ConnectionError("No connection available.")`;
-- a connection whose round trip did not complete (an error, a timeout, a cancellation) is
-  closed, never reused.
+  for NOSCRIPT, parsed as redis-py parses it), raised first with `raise_on_error`; a single
+  EVALSHA raises it (a `Script` then loads itself and runs again on NOSCRIPT);
+- a connection that fails raises `redis.ConnectionError`, and a caller's batch is sent once
+  more on a new connection (a connection that died while idle, Redis restarted); a reply later
+  than `socket_timeout` raises `redis.TimeoutError`, never retried, and gives the connection up:
+  every batch waiting on it fails at once with the same error (a hung Redis costs one timeout);
+- a caller cancelled while waiting leaves its replies to be read and dropped (the connection
+  stays in step).
 
-A single EVALSHA (what a redis-py `Script` call sends) takes the same path, its error reply
-raised as redis-py raises it (NOSCRIPT as `NoScriptError`: the `Script` loads itself and runs
-again). Everything else (other single commands, transactions, pub/sub, blocking reads) goes
-through redis-py unchanged, and so does everything of a client whose pool is not a plain TCP
-one (TLS, a Unix socket) or that decodes replies.
+Other single commands, transactions, pub/sub and blocking reads go through redis-py unchanged,
+and so does everything of a client whose pool is not a plain TCP one (TLS, a Unix socket) or
+that decodes replies.
 """
 from __future__ import annotations
 
 import asyncio
 import inspect
 import socket
+from collections import deque
 from typing import Any
 
 import hiredis
@@ -48,18 +49,35 @@ _NOT_ENOUGH = object()
 _READ_SIZE = 65536
 
 
+class _Batch:
+    """One caller's commands: written together, answered by the next `count` replies."""
+
+    __slots__ = ("packed", "count", "future", "replies")
+
+    def __init__(self, packed: bytes, count: int, future: asyncio.Future):
+        self.packed, self.count, self.future = packed, count, future
+        self.replies: list = []
+
+
 class LeanConnection:
+    """One connection shared by every caller: batches are written in the order they come and
+    their replies, which Redis sends in that order, handed back by one reader task."""
+
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
         self._reader = reader
         self._writer = writer
         self._parser = hiredis.Reader(protocolError=InvalidResponse,
                                       replyError=BaseParser.parse_error,
                                       notEnoughData=_NOT_ENOUGH)
+        self._waiting: deque[_Batch] = deque()  # written, not yet answered
+        self._reading: asyncio.Task | None = None
+        self.broken: BaseException | None = None
 
     def send(self, packed: bytes) -> None:
         self._writer.write(packed)
 
     async def replies(self, count: int) -> list:
+        """The next `count` replies (the handshake, before the reader task runs)."""
         parser, reader, out = self._parser, self._reader, []
         while len(out) < count:
             reply = parser.gets()
@@ -72,44 +90,101 @@ class LeanConnection:
             out.append(reply)
         return out
 
-    @property
-    def reusable(self) -> bool:
-        """Nothing left unread and not closed by the server (as redis-py checks at checkout)."""
-        return not self._reader.at_eof() and not self._parser.has_data()
+    def start(self) -> None:
+        self._reading = asyncio.get_running_loop().create_task(self._read())
+
+    def write(self, batches: list[_Batch]) -> None:
+        self._waiting.extend(batches)
+        self.send(b"".join(batch.packed for batch in batches))
+
+    async def _read(self) -> None:
+        parser, reader, waiting = self._parser, self._reader, self._waiting
+        try:
+            while True:
+                data = await reader.read(_READ_SIZE)
+                if not data:
+                    raise RedisConnectionError("Connection closed by server.")
+                parser.feed(data)
+                while True:
+                    reply = parser.gets()
+                    if reply is _NOT_ENOUGH:
+                        break
+                    if not waiting:
+                        raise InvalidResponse("a reply nobody asked for")
+                    batch = waiting[0]
+                    batch.replies.append(reply)
+                    if len(batch.replies) == batch.count:
+                        waiting.popleft()
+                        if not batch.future.done():  # its caller may have given up
+                            batch.future.set_result(batch.replies)
+        except asyncio.CancelledError:
+            self.fail(RedisConnectionError("Connection closed."))
+            raise
+        except OSError as exc:
+            self.fail(RedisConnectionError(f"Error while reading from Redis: {exc!r}"))
+        except BaseException as exc:  # noqa: BLE001 - every waiting caller gets it
+            self.fail(exc)
+
+    def fail(self, error: BaseException) -> None:
+        """Close: every batch written and not answered fails with `error`."""
+        if self.broken is None:
+            self.broken = error
+        self._writer.close()
+        while self._waiting:
+            batch = self._waiting.popleft()
+            if not batch.future.done():
+                batch.future.set_exception(error)
+                batch.future.exception()  # retrieved: its caller may be gone
+        if self._reading is not None and self._reading is not asyncio.current_task():
+            self._reading.cancel()
 
     def close(self) -> None:
-        self._writer.close()
+        self.fail(RedisConnectionError("Connection closed."))
 
 
 class LeanPool:
+    """Every round trip of a client (per event loop) on one connection, auto-pipelined: the
+    batches callers submit while the event loop runs one iteration go out in one write, and
+    their replies come back in one read, instead of one system call each way per caller (a
+    loopback TCP send costs tens of microseconds of the sender's CPU here)."""
+
     def __init__(self, *, host: str, port: int, db: int, username: str | None,
                  password: str | None, protocol: int, client_name: str | None,
-                 connect_timeout: float | None,
-                 socket_timeout: float | None, max_connections: int, wait_timeout: float | None,
-                 encoder):
+                 connect_timeout: float | None, socket_timeout: float | None, encoder):
         self._host, self._port, self._db = host, port, db
         self._username, self._password = username, password
         self._protocol, self._client_name = protocol, client_name
         self._connect_timeout, self._socket_timeout = connect_timeout, socket_timeout
-        self._wait_timeout = wait_timeout
         self._encode = encoder.encode
-        self._slots = asyncio.Semaphore(max_connections)
-        self._idle: list[LeanConnection] = []
+        # hiredis packs str as UTF-8 and numbers with repr, as the default encoder does.
+        self._utf8 = (encoder.encoding, encoder.encoding_errors) == ("utf-8", "strict")
+        self._connection: LeanConnection | None = None
+        self._connecting: asyncio.Task | None = None
+        self._queued: list[_Batch] = []
+        self._flush_scheduled = False
+        self._closed = False
 
     def pack(self, commands: list[tuple]) -> bytes:
         """The commands as redis-py writes them (a first argument with spaces is split, every
         argument encoded by the pool's encoder)."""
-        encode, parts = self._encode, []
+        pack, encode, parts = hiredis.pack_command, self._encode, []
         for args in commands:
             name = args[0]
             if isinstance(name, str) and " " in name:
                 args = (*name.split(), *args[1:])
-            parts.append(hiredis.pack_command(tuple(map(encode, args))))
+            if self._utf8:
+                try:  # str, bytes, int and float written as the encoder writes them
+                    parts.append(pack(args))
+                    continue
+                except TypeError:  # a bool (the encoder refuses it too), a memoryview
+                    pass
+            parts.append(pack(tuple(bytes(a) if isinstance(a, memoryview) else a
+                                    for a in map(encode, args))))
         return b"".join(parts)
 
     async def execute(self, commands: list[tuple]) -> list:
-        """Send the commands in one write and read their replies (error replies as exception
-        instances among them)."""
+        """Send the commands and return their replies (error replies as exception instances
+        among them). A connection error sends them once more, on a new connection."""
         packed = self.pack(commands)
         for attempt in (1, 2):
             try:
@@ -120,39 +195,61 @@ class LeanPool:
         raise AssertionError("unreachable")
 
     async def _round_trip(self, packed: bytes, count: int) -> list:
+        loop = asyncio.get_running_loop()
+        batch = _Batch(packed, count, loop.create_future())
+        self._queued.append(batch)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            loop.call_soon(self._flush)
         try:
-            async with asyncio.timeout(self._wait_timeout):
-                await self._slots.acquire()
+            async with asyncio.timeout(self._socket_timeout):
+                return await batch.future
         except TimeoutError:
-            raise RedisConnectionError("No connection available.") from None
-        connection = None
-        try:
-            connection = await self._checkout()
-            try:
-                connection.send(packed)
-                async with asyncio.timeout(self._socket_timeout):
-                    replies = await connection.replies(count)
-            except TimeoutError:
-                raise RedisTimeoutError("Timeout reading from socket") from None
-            except OSError as exc:
-                raise RedisConnectionError(f"Error while reading from {self._host}:"
-                                           f"{self._port}: {exc!r}") from exc
-        except BaseException:
-            if connection is not None:
-                connection.close()
-            self._slots.release()
-            raise
-        self._idle.append(connection)
-        self._slots.release()
-        return replies
+            # Redis did not answer in time: the connection is given up, and whatever else
+            # waits on it fails now rather than after its own timeout (a hung Redis costs
+            # one timeout, as with redis-py's pool).
+            error = RedisTimeoutError("Timeout reading from socket")
+            connection = self._connection
+            if connection is not None and batch in connection._waiting:
+                self._connection = None
+                connection.fail(error)
+            raise error from None
 
-    async def _checkout(self) -> LeanConnection:
-        while self._idle:
-            connection = self._idle.pop()
-            if connection.reusable:
-                return connection
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        if not self._queued:
+            return
+        connection = self._connection
+        if connection is None or connection.broken is not None:
+            self._connection = None
+            if self._connecting is None:
+                self._connecting = asyncio.get_running_loop().create_task(self._open())
+            return  # written once connected
+        batches = [b for b in self._queued if not b.future.done()]
+        self._queued = []
+        if batches:
+            connection.write(batches)
+
+    async def _open(self) -> None:
+        try:
+            connection = await self._connect()
+        except BaseException as exc:  # noqa: BLE001 - every queued caller gets it
+            self._connecting = None
+            queued, self._queued = self._queued, []
+            for batch in queued:
+                if not batch.future.done():
+                    batch.future.set_exception(exc)
+                    batch.future.exception()
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+            return
+        self._connecting = None
+        if self._closed:
             connection.close()
-        return await self._connect()
+            return
+        self._connection = connection
+        connection.start()
+        self._flush()
 
     async def _connect(self) -> LeanConnection:
         try:
@@ -202,8 +299,12 @@ class LeanPool:
         return connection
 
     def close(self) -> None:
-        while self._idle:
-            self._idle.pop().close()
+        self._closed = True
+        if self._connecting is not None:
+            self._connecting.cancel()
+        if self._connection is not None:
+            self._connection.close()
+            self._connection = None
 
 
 def _parsed(callbacks, args: tuple, options: dict, reply):
@@ -248,14 +349,13 @@ class LeanPipeline(Pipeline):
 
 
 class LeanRedis(aioredis.Redis):
-    """A redis-py asyncio client whose plain pipelines go through a `LeanPool` (see the
-    module); `lean` is None where that does not apply."""
+    """A redis-py asyncio client whose plain pipelines and EVALSHA calls go through a
+    `LeanPool` (see the module); `lean` is None where that does not apply."""
 
     lean: LeanPool | None = None
 
     @classmethod
-    def on_pool(cls, pool: aioredis.ConnectionPool, max_connections: int,
-                wait_timeout: float | None) -> "LeanRedis":
+    def on_pool(cls, pool: aioredis.ConnectionPool) -> "LeanRedis":
         client = cls.from_pool(pool)
         kwargs = pool.connection_kwargs
         encoder = pool.get_encoder()
@@ -267,8 +367,7 @@ class LeanRedis(aioredis.Redis):
                 protocol=int(kwargs.get("protocol") or DEFAULT_RESP_VERSION),
                 client_name=kwargs.get("client_name"),
                 connect_timeout=kwargs.get("socket_connect_timeout"),
-                socket_timeout=kwargs.get("socket_timeout"), max_connections=max_connections,
-                wait_timeout=wait_timeout, encoder=encoder)
+                socket_timeout=kwargs.get("socket_timeout"), encoder=encoder)
         return client
 
     async def execute_command(self, *args, **options):

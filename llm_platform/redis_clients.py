@@ -12,10 +12,10 @@
   restarted) is replaced transparently, so service comes back by itself when Redis does; a hung
   Redis costs one socket timeout, not several.
 - The asyncio client's plain pipelines (`pipeline(transaction=False)`: the request path's
-  admission, lease and end round trips) are sent over a lean pool of its own
-  (common/lean_redis.py: the same commands, replies and errors, about a quarter of redis-py's
-  CPU per round trip) with the same timeouts, retry and bound (REDIS_POOL_MAX_SIZE more
-  connections at most); REDIS_LEAN_PIPELINES=0 sends them through redis-py.
+  admission, lease and end round trips) and EVALSHA calls (the token buckets) go over one
+  auto-pipelined connection of its own (common/lean_redis.py: the same commands, replies and
+  errors, a fraction of redis-py's CPU per round trip) with the same timeouts and retry;
+  REDIS_LEAN_PIPELINES=0 sends them through redis-py.
 """
 from __future__ import annotations
 
@@ -47,8 +47,7 @@ def async_redis(url: str | None = None, max_connections: int | None = None) -> a
         retry=Retry(NoBackoff(), 1, supported_errors=(redis.ConnectionError,)),
         **connection_options())
     if settings.REDIS_LEAN_PIPELINES:
-        return LeanRedis.on_pool(pool, max_connections or settings.REDIS_POOL_MAX_SIZE,
-                                 settings.REDIS_POOL_TIMEOUT_SECONDS)
+        return LeanRedis.on_pool(pool)
     return aioredis.Redis.from_pool(pool)
 
 

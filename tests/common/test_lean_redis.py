@@ -1,9 +1,10 @@
-"""common/lean_redis.py: plain pipelines sent over the lean pool give what redis-py's pipeline
-gives (the same results through the same reply callbacks, the same error instances), a
-connection that died while idle is replaced transparently, a hung Redis fails the round trip
-with redis.TimeoutError within the socket timeout and that connection is never reused, the
-pool's bound holds, and transactions and scripts still go through redis-py. Against the test
-Redis (REDIS_URL) and, for the faults, a private redis-server."""
+"""common/lean_redis.py: plain pipelines sent over the lean connection give what redis-py's
+pipeline gives (the same results through the same reply callbacks, the same error instances);
+callers in one loop iteration share one write; a connection that died while idle is replaced
+transparently; a hung Redis fails every waiting round trip with redis.TimeoutError within the
+socket timeout and service comes back on a new connection; a cancelled caller's replies never
+reach another; transactions and redis-py Scripts queued on a pipeline still go through
+redis-py. Against the test Redis (REDIS_URL) and, for the faults, a private redis-server."""
 from __future__ import annotations
 
 import asyncio
@@ -22,13 +23,11 @@ from tests.support.private_redis import PrivateRedis
 pytestmark = pytest.mark.asyncio
 
 
-def client(url: str, max_connections: int = 4, socket_timeout: float = 2.0,
-           wait_timeout: float = 2.0) -> LeanRedis:
-    pool = aioredis.BlockingConnectionPool.from_url(url, max_connections=max_connections,
-                                                    timeout=wait_timeout,
+def client(url: str, socket_timeout: float = 2.0) -> LeanRedis:
+    pool = aioredis.BlockingConnectionPool.from_url(url, max_connections=4, timeout=2.0,
                                                     socket_timeout=socket_timeout,
                                                     socket_connect_timeout=socket_timeout)
-    return LeanRedis.on_pool(pool, max_connections, wait_timeout)
+    return LeanRedis.on_pool(pool)
 
 
 def queue_everything(pipe, key: str, sha: str) -> None:
@@ -138,46 +137,55 @@ async def test_a_connection_that_died_while_idle_is_replaced():
         await plain.aclose()
 
 
-async def test_a_hung_redis_times_out_and_the_pool_bound_holds():
-    server = PrivateRedis().start()
-    lean = client(server.url, max_connections=1, socket_timeout=0.5, wait_timeout=0.2)
+async def ping(lean: LeanRedis, word: str = "x") -> list:
+    pipe = lean.pipeline(transaction=False)
+    pipe.echo(word)
+    return await pipe.execute()
+
+
+async def test_callers_of_one_loop_iteration_share_one_write(monkeypatch):
+    lean = client(settings.REDIS_URL)
+    sent = []
+    real_send = LeanConnection.send
+    monkeypatch.setattr(LeanConnection, "send",
+                        lambda self, packed: sent.append(packed) or real_send(self, packed))
     try:
-        pipe = lean.pipeline(transaction=False)
-        pipe.ping()
-        assert await pipe.execute() == [True]
+        await ping(lean)  # connected
+        sent.clear()
+        words = [f"w{i}" for i in range(20)]
+        assert await asyncio.gather(*(ping(lean, w) for w in words)) == [
+            [w.encode()] for w in words]
+        assert len(sent) == 1 and sent[0].count(b"ECHO") == 20
+    finally:
+        await lean.aclose()
+
+
+async def test_a_hung_redis_times_out_every_waiting_caller_and_service_comes_back():
+    server = PrivateRedis().start()
+    lean = client(server.url, socket_timeout=0.5)
+    try:
+        assert await ping(lean) == [b"x"]
         server.pause()
-        hung = lean.pipeline(transaction=False)
-        hung.ping()
-        first = asyncio.ensure_future(hung.execute())
-        await asyncio.sleep(0)  # it holds the one connection
-        waiting = lean.pipeline(transaction=False)
-        waiting.ping()
-        with pytest.raises(redis.ConnectionError, match="No connection available"):
-            await waiting.execute()
-        with pytest.raises(redis.TimeoutError):
-            await first
+        first = asyncio.ensure_future(ping(lean, "a"))
+        await asyncio.sleep(0.2)
+        second = asyncio.ensure_future(ping(lean, "b"))  # waits on the same connection
+        results = await asyncio.gather(first, second, return_exceptions=True)
+        assert [type(r) for r in results] == [redis.TimeoutError, redis.TimeoutError]
         server.resume()
-        pipe = lean.pipeline(transaction=False)
-        pipe.ping()
-        assert await pipe.execute() == [True]  # on a new connection: the hung one was closed
-        # Cancelled mid round trip: that connection is closed too, the pool still serves.
+        assert await ping(lean, "c") == [b"c"]  # on a new connection
+        # A caller cancelled mid round trip: its replies are read and dropped, never handed
+        # to the next caller.
         server.pause()
-        pipe = lean.pipeline(transaction=False)
-        pipe.ping()
-        task = asyncio.ensure_future(pipe.execute())
+        task = asyncio.ensure_future(ping(lean, "gone"))
         await asyncio.sleep(0.05)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
         server.resume()
-        pipe = lean.pipeline(transaction=False)
-        pipe.ping()
-        assert await pipe.execute() == [True]
+        assert await ping(lean, "next") == [b"next"]
         server.stop()
-        pipe = lean.pipeline(transaction=False)
-        pipe.ping()
         with pytest.raises(redis.ConnectionError):
-            await pipe.execute()
+            await ping(lean)
     finally:
         await lean.aclose()
         server.stop()
@@ -204,3 +212,19 @@ async def test_a_script_call_goes_over_the_lean_pool_and_loads_itself_on_noscrip
     finally:
         await lean.aclose()
         server.stop()
+
+
+async def test_commands_are_packed_as_redis_py_packs_them():
+    from redis.asyncio.connection import Connection
+    from redis.exceptions import DataError
+
+    lean = client(settings.REDIS_URL)
+    reference = Connection()
+    commands = [("EVALSHA", "a" * 40, 2, "k:1", "k:2", 1796122785764, -3, 0.1, 1e-05, 1e16,
+                 12345678.9, "héllo ☃", b"\x00\xffraw", memoryview(b"view")),
+                ("CLIENT SETNAME", "name"), ("SET", "k", "")]
+    assert lean.lean.pack(commands) == b"".join(
+        b"".join(reference.pack_command(*c)) for c in commands)
+    with pytest.raises(DataError):
+        lean.lean.pack([("SET", "k", True)])
+    await lean.aclose()
