@@ -162,7 +162,6 @@ class LeanPool:
         self._connecting: asyncio.Task | None = None
         self._queued: list[_Batch] = []
         self._flush_scheduled = False
-        self._closed = False
 
     def pack(self, commands: list[tuple]) -> bytes:
         """The commands as redis-py writes them (a first argument with spaces is split, every
@@ -235,18 +234,17 @@ class LeanPool:
             connection = await self._connect()
         except BaseException as exc:  # noqa: BLE001 - every queued caller gets it
             self._connecting = None
+            cancelled = isinstance(exc, asyncio.CancelledError)  # `close` while connecting
+            error = RedisConnectionError("Connection closed.") if cancelled else exc
             queued, self._queued = self._queued, []
             for batch in queued:
                 if not batch.future.done():
-                    batch.future.set_exception(exc)
+                    batch.future.set_exception(error)
                     batch.future.exception()
-            if isinstance(exc, asyncio.CancelledError):
+            if cancelled:
                 raise
             return
         self._connecting = None
-        if self._closed:
-            connection.close()
-            return
         self._connection = connection
         connection.start()
         self._flush()
@@ -299,7 +297,8 @@ class LeanPool:
         return connection
 
     def close(self) -> None:
-        self._closed = True
+        """Close the connection (what waits on it fails with ConnectionError; a later call
+        connects again, as redis-py's client does after `aclose`)."""
         if self._connecting is not None:
             self._connecting.cancel()
         if self._connection is not None:

@@ -132,6 +132,13 @@ async def test_a_connection_that_died_while_idle_is_replaced():
         pipe = lean.pipeline(transaction=False)
         pipe.ping()
         assert await pipe.execute() == [True]
+        # Closed (aclose) while a call waits: it is sent again on a new connection; a later
+        # call connects again, as with redis-py's client.
+        waiting = asyncio.ensure_future(ping(lean, "during"))
+        await asyncio.sleep(0)
+        await lean.aclose()
+        assert await waiting == [b"during"]
+        assert await ping(lean, "after") == [b"after"]
     finally:
         await lean.aclose()
         await plain.aclose()
