@@ -95,7 +95,10 @@ class LeanConnection:
 
     def write(self, batches: list[_Batch]) -> None:
         self._waiting.extend(batches)
-        self.send(b"".join(batch.packed for batch in batches))
+        try:
+            self.send(b"".join(batch.packed for batch in batches))
+        except Exception as exc:  # noqa: BLE001 - a transport already closed: they go again
+            self.fail(RedisConnectionError(f"Error while writing to Redis: {exc!r}"))
 
     async def _read(self) -> None:
         parser, reader, waiting = self._parser, self._reader, self._waiting

@@ -235,3 +235,32 @@ async def test_commands_are_packed_as_redis_py_packs_them():
     with pytest.raises(DataError):
         lean.lean.pack([("SET", "k", True)])
     await lean.aclose()
+
+
+async def test_concurrent_callers_each_get_their_own_replies():
+    """Many callers' batches interleaved on the one connection, of different sizes and with
+    error replies among them: each caller gets exactly its own results, in its order."""
+    lean = client(settings.REDIS_URL)
+    base = f"lean-test:{uuid.uuid4().hex}"
+
+    async def one(i: int) -> list:
+        pipe = lean.pipeline(transaction=False)
+        for j in range(i % 5 + 1):
+            pipe.incrby(f"{base}:{i}", j + 1)
+        pipe.echo(f"caller {i}")
+        if i % 7 == 0:
+            pipe.hget(f"{base}:{i}", "x")  # WRONGTYPE on a string key
+        pipe.delete(f"{base}:{i}")
+        return await pipe.execute(raise_on_error=False)
+
+    try:
+        results = await asyncio.gather(*(one(i) for i in range(300)))
+        for i, got in enumerate(results):
+            n = i % 5 + 1
+            assert got[:n] == [sum(range(1, j + 2)) for j in range(n)], (i, got)
+            assert got[n] == f"caller {i}".encode()
+            if i % 7 == 0:
+                assert isinstance(got[n + 1], ResponseError)
+            assert got[-1] == 1
+    finally:
+        await lean.aclose()
