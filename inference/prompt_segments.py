@@ -16,8 +16,10 @@ tokenizer, an added token that strips whitespace or matches after normalization,
 pre-tokenizer that treats the first piece differently, truncation or padding set) gets None
 and its prompts are encoded whole, as before. `scope` (the tenant) is part of every cache key:
 one tenant's prompts never serve another's, not even through how fast its request is prepared.
-The LRU is bounded in characters (`max_chars`, pieces and ids alike count as their text's
-length); a piece longer than a quarter of it is encoded and not kept. Thread-safe (prompts over
+The LRU is bounded in characters (`max_chars`): an entry counts as its text's length plus
+ENTRY_OVERHEAD_CHARS (its key, ids and bookkeeping: many tiny pieces cannot hold much more
+memory than the bound says); a piece longer than a quarter of the bound is encoded and not
+kept. Thread-safe (prompts over
 INLINE_TOKENIZE_CHARS are encoded in a worker thread).
 """
 from __future__ import annotations
@@ -27,6 +29,10 @@ import threading
 from array import array
 from collections import OrderedDict
 from typing import Hashable
+
+# What one cache entry costs beyond its text, in characters' worth of the bound (a tuple key,
+# an array of ids, the LRU's links: ~200 bytes for a short piece).
+ENTRY_OVERHEAD_CHARS = 64
 
 # Probe texts a SegmentEncoder must encode exactly like the backend before it is used:
 # pieces that begin and end with spaces, newlines, digits and non-ASCII next to added tokens.
@@ -120,10 +126,10 @@ class SegmentEncoder:
             if key in self._lru:
                 return
             self._lru[key] = ids
-            self._chars += len(key[1])
+            self._chars += len(key[1]) + ENTRY_OVERHEAD_CHARS
             while self._chars > self._max_chars:
                 (_, piece), _ = self._lru.popitem(last=False)
-                self._chars -= len(piece)
+                self._chars -= len(piece) + ENTRY_OVERHEAD_CHARS
 
     @property
     def cached_chars(self) -> int:

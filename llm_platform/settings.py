@@ -265,7 +265,8 @@ ROUTER_CIRCUIT_TRIAL_TIMEOUT_SECONDS = env_float(
 REGISTRY_CACHE_TTL_SECONDS = env_float("REGISTRY_CACHE_TTL_SECONDS", 1.0)
 # Encoded pieces of chat prompts (a system message, earlier turns: the text between the
 # tokenizer's special tokens) kept per process and tokenizer, per tenant, up to this many
-# characters (inference/prompt_segments.py; the same ids as encoding anew). 0: none.
+# characters, each entry counting 64 more (inference/prompt_segments.py; the same ids as
+# encoding anew; ~10-20 MB at the default). 0: none.
 PROMPT_SEGMENT_CACHE_CHARS = env_int("PROMPT_SEGMENT_CACHE_CHARS", 4_000_000)
 # No hang: a replica that sends nothing for this long fails the request.
 TRITON_FIRST_TOKEN_TIMEOUT_SECONDS = env_float("TRITON_FIRST_TOKEN_TIMEOUT_SECONDS", 120.0)

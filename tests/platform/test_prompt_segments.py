@@ -13,7 +13,7 @@ from tokenizers import AddedToken
 from tokenizers import Tokenizer as BackendTokenizer
 from tokenizers import models, pre_tokenizers
 
-from inference.prompt_segments import SegmentEncoder
+from inference.prompt_segments import ENTRY_OVERHEAD_CHARS, SegmentEncoder
 from inference.prompts import INLINE_TOKENIZE_CHARS, PromptEncoder
 from inference.tokenization import ByteTokenizer, TokenizerCache
 from replica.engine.models.loader import default_model_path
@@ -96,6 +96,11 @@ def test_the_cache_stays_within_its_bound(tok):
         assert encoder.encode(text, 1) == tuple(tok.backend.encode(
             text, add_special_tokens=False).ids)
         assert encoder.cached_chars <= 400
+    # Tiny pieces count their overhead: the bound holds a few of them, not 400.
+    tiny = SegmentEncoder.for_tokenizer(tok, 400)
+    for i in range(100):
+        tiny.encode(f"<|im_end|>{i}", 1)
+    assert len(tiny) == 400 // (2 + ENTRY_OVERHEAD_CHARS)
     long_piece = "x" * 101  # over a quarter of the bound: encoded, not kept
     assert encoder.encode(long_piece, 1) == tuple(tok.backend.encode(
         long_piece, add_special_tokens=False).ids)
