@@ -11,16 +11,16 @@ prompt costs ~2 ms of CPU per request, encoded whole).
 `SegmentEncoder.encode(text, scope)` returns exactly `backend.encode(text,
 add_special_tokens=False).ids` (what `Tokenizer.encode_chat` returns for the rendered text): it
 only saves CPU. It is built (`for_tokenizer`) only for a tokenizer where that holds by
-construction, and checked on probe texts when built; any other tokenizer (a GGUF-less byte
-tokenizer, an added token that strips whitespace or matches after normalization, a Metaspace
-pre-tokenizer that treats the first piece differently, truncation or padding set) gets None
-and its prompts are encoded whole, as before. `scope` (the tenant) is part of every cache key:
+construction, and checked on probe texts when built (and its `encode_chat` against the
+backend's encoding of the rendered probe chat); any other tokenizer (the test and fake
+replicas' byte tokenizer, an added token that strips whitespace or matches after
+normalization, a Metaspace pre-tokenizer that treats the first piece differently, truncation
+or padding set) gets None and its prompts are encoded whole, as before. `scope` (the tenant) is part of every cache key:
 one tenant's prompts never serve another's, not even through how fast its request is prepared.
 The LRU is bounded in characters (`max_chars`): an entry counts as its text's length plus
 ENTRY_OVERHEAD_CHARS (its key, ids and bookkeeping: many tiny pieces cannot hold much more
 memory than the bound says); a piece longer than a quarter of the bound is encoded and not
-kept. Thread-safe (prompts over
-INLINE_TOKENIZE_CHARS are encoded in a worker thread).
+kept. Thread-safe (long prompts are encoded in a worker thread).
 """
 from __future__ import annotations
 
@@ -41,6 +41,9 @@ _PROBES = (
     " lead{1}{1} trail {0}\n\n{0}x{1}",
     "héllo {0}wörld 🙂{1} 日本語\t",
 )
+
+
+_PROBE_CHAT = [{"role": "user", "content": " Hi  there, 12 times 🙂\n"}]
 
 
 class SegmentEncoder:
@@ -87,6 +90,15 @@ class SegmentEncoder:
             if encoder.encode(text, None, keep=False) != tuple(
                     backend.encode(text, add_special_tokens=False).ids):
                 return None
+        # And the tokenizer's own chat encoding is its backend's encoding of the rendered text
+        # (what `encode` stands in for).
+        try:
+            rendered = tokenizer.apply_chat_template(_PROBE_CHAT, add_generation_prompt=True)
+            if encoder.encode(rendered, None, keep=False) != tuple(
+                    tokenizer.encode_chat(_PROBE_CHAT, add_generation_prompt=True)):
+                return None
+        except Exception:  # noqa: BLE001 - a template that refuses the probe: no cache
+            return None
         return encoder
 
     def pieces(self, text: str) -> list[str]:

@@ -117,19 +117,32 @@ def _backend(added: list) -> BackendTokenizer:
 
 def test_tokenizers_where_pieces_could_differ_get_no_cache():
     assert SegmentEncoder.for_tokenizer(ByteTokenizer(), 1000) is None  # no backend
-    plain = Tokenizer(_backend(["<s>", "</s>"]), chat_template="{{ messages }}")
+    template = "{% for m in messages %}<s>{{ m['content'] }}</s>{% endfor %}"
+    plain = Tokenizer(_backend(["<s>", "</s>"]), chat_template=template)
     assert SegmentEncoder.for_tokenizer(plain, 1000) is not None
+
+    class Different(Tokenizer):  # a chat encoding that is not the rendered text's encoding
+        def encode_chat(self, messages, add_generation_prompt=True, **extra):
+            return [0] + super().encode_chat(messages, add_generation_prompt, **extra)
+
+    assert SegmentEncoder.for_tokenizer(Different(_backend(["<s>", "</s>"]),
+                                                  chat_template=template), 1000) is None
+    assert SegmentEncoder.for_tokenizer(Tokenizer(_backend(["<s>"])), 1000) is None  # no template
     assert SegmentEncoder.for_tokenizer(plain, 0) is None  # off
-    stripping = Tokenizer(_backend([AddedToken("<s>", lstrip=True, special=True)]))
+    stripping = Tokenizer(_backend([AddedToken("<s>", lstrip=True, special=True), "</s>"]),
+                          chat_template=template)
     assert SegmentEncoder.for_tokenizer(stripping, 1000) is None
-    normalized = Tokenizer(_backend([AddedToken("<s>", normalized=True, special=True)]))
+    normalized = Tokenizer(_backend([AddedToken("<s>", normalized=True, special=True), "</s>"]),
+                           chat_template=template)
     assert SegmentEncoder.for_tokenizer(normalized, 1000) is None
-    metaspace = _backend(["<s>"])
+    metaspace = _backend(["<s>", "</s>"])
     metaspace.pre_tokenizer = pre_tokenizers.Metaspace(prepend_scheme="first")
-    assert SegmentEncoder.for_tokenizer(Tokenizer(metaspace), 1000) is None
-    truncating = _backend(["<s>"])
+    assert SegmentEncoder.for_tokenizer(Tokenizer(metaspace, chat_template=template),
+                                        1000) is None
+    truncating = _backend(["<s>", "</s>"])
     truncating.enable_truncation(8)
-    assert SegmentEncoder.for_tokenizer(Tokenizer(truncating), 1000) is None
+    assert SegmentEncoder.for_tokenizer(Tokenizer(truncating, chat_template=template),
+                                        1000) is None
 
 
 def _request(messages):
