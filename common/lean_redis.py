@@ -47,6 +47,9 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 _NOT_ENOUGH = object()
 _READ_SIZE = 65536
+# A RESP3 push message (none is asked for on this connection, but one that came would not be
+# a reply to any batch): skipped.
+_PUSH = getattr(hiredis, "PushNotification", None)
 
 
 class _Batch:
@@ -112,6 +115,8 @@ class LeanConnection:
                     reply = parser.gets()
                     if reply is _NOT_ENOUGH:
                         break
+                    if _PUSH is not None and isinstance(reply, _PUSH):
+                        continue
                     if not waiting:
                         raise InvalidResponse("a reply nobody asked for")
                     batch = waiting[0]

@@ -264,3 +264,25 @@ async def test_concurrent_callers_each_get_their_own_replies():
             assert got[-1] == 1
     finally:
         await lean.aclose()
+
+
+async def test_a_push_message_on_the_connection_is_not_taken_for_a_reply():
+    """RESP3 push messages (none is asked for in production; here client-side caching's
+    invalidation) are skipped, not handed to the next caller as its reply."""
+    lean = client(settings.REDIS_URL)
+    plain = aioredis.Redis.from_url(settings.REDIS_URL)
+    key = f"lean-test:{uuid.uuid4().hex}"
+    try:
+        pipe = lean.pipeline(transaction=False)
+        pipe.execute_command("CLIENT TRACKING", "ON")
+        pipe.get(key)
+        assert (await pipe.execute())[1] is None
+        connection = lean.lean._connection
+        await plain.set(key, "changed")  # Redis pushes an invalidation to the lean connection
+        # The push comes before this reply on the connection: skipped, the connection kept.
+        assert await ping(lean, "after") == [b"after"]
+        assert lean.lean._connection is connection and connection.broken is None
+    finally:
+        await plain.delete(key)
+        await lean.aclose()
+        await plain.aclose()
