@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, fields, replace
 
+import orjson
+
 WIRE_VERSION = 1
 
 
@@ -42,7 +44,9 @@ class UsageEvent:
         return self if self.occurred_at is not None else replace(self, occurred_at=now)
 
     def to_json(self) -> str:
-        return json.dumps({"v": WIRE_VERSION, **self.__dict__}, separators=(",", ":"))
+        """Compact JSON, non-ASCII as UTF-8 (orjson: a tenth of the stdlib's cost; every
+        request sends two). A float that is not finite is written null."""
+        return orjson.dumps({"v": WIRE_VERSION, **self.__dict__}).decode()
 
     @classmethod
     def from_json(cls, raw: str | bytes) -> "UsageEvent":

@@ -114,14 +114,14 @@ class VersionChooser:
             await self._record(choice.rollout_id, UNAVAILABLE)
             choice = VersionChoice(stable, None, None)
         try:
-            return choice, await self._prompts.encode(choice.target, request)
+            return choice, await self._prompts.encode(choice.target, request, tenant_id)
         except ServiceUnavailable:
             if choice.fallback is None:
                 raise
             # The canary's tokenizer cannot load: a broken canary, not the customer's problem.
             await self._record(choice.rollout_id, FAILED)
             choice = VersionChoice(choice.fallback, None, None)
-            return choice, await self._prompts.encode(choice.target, request)
+            return choice, await self._prompts.encode(choice.target, request, tenant_id)
 
     async def fall_back(self, prepared: PreparedRequest, *, failed: bool) -> PreparedRequest:
         """The same request on its fallback (stable) version, counted as `failed` (a canary
@@ -138,7 +138,8 @@ class VersionChooser:
         prompt = Prompt(prepared.prompt_text, prepared.prompt_token_ids)
         if (target.tokenizer, target.weights_uri) != (prepared.target.tokenizer,
                                                       prepared.target.weights_uri):
-            prompt = await self._prompts.encode(target, prepared.request)
+            prompt = await self._prompts.encode(target, prepared.request,
+                                                prepared.principal.tenant_id)
         room = target.context_length - len(prompt.token_ids)
         if room < 1:
             raise InvalidRequest(f"The prompt has {len(prompt.token_ids)} tokens; the context "

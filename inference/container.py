@@ -121,7 +121,7 @@ def build_container(tokenizers: TokenizerCache) -> Container:
         # Wall-clock minutes: the evaluator reads them in another process.
         FallbackRecorder(redis, prefix, time.time),
         router.num_ready,
-        PromptEncoder(tokenizers),
+        PromptEncoder(tokenizers, settings.PROMPT_SEGMENT_CACHE_CHARS),
     )
     auth = KeyAuthenticator(redis, prefix, settings.API_KEY_CACHE_SECONDS,
                             settings.API_KEY_NEGATIVE_CACHE_SECONDS)

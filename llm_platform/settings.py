@@ -150,6 +150,9 @@ REDIS_CONNECT_TIMEOUT_SECONDS = env_float("REDIS_CONNECT_TIMEOUT_SECONDS", 1.0)
 REDIS_SOCKET_TIMEOUT_SECONDS = env_float("REDIS_SOCKET_TIMEOUT_SECONDS", 2.0)
 REDIS_POOL_MAX_SIZE = env_int("REDIS_POOL_MAX_SIZE", 64)
 REDIS_POOL_TIMEOUT_SECONDS = env_float("REDIS_POOL_TIMEOUT_SECONDS", 2.0)
+# The asyncio clients' plain pipelines over a lean connection pool of their own
+# (common/lean_redis.py); 0: through redis-py's pool like every other command.
+REDIS_LEAN_PIPELINES = env_bool("REDIS_LEAN_PIPELINES", True)
 # Retry-After (seconds) with the 503 when Redis or PostgreSQL fails a request.
 DEPENDENCY_RETRY_AFTER_SECONDS = env_int("DEPENDENCY_RETRY_AFTER_SECONDS", 1)
 # Every platform key in Redis starts with this, so several deployments (or test runs) can
@@ -260,6 +263,11 @@ ROUTER_CIRCUIT_TRIAL_TIMEOUT_SECONDS = env_float(
 # Model versions and ready-replica lists are read from PostgreSQL at most this often per process
 # (a registry change reaches every process within this time).
 REGISTRY_CACHE_TTL_SECONDS = env_float("REGISTRY_CACHE_TTL_SECONDS", 1.0)
+# Encoded pieces of chat prompts (a system message, earlier turns: the text between the
+# tokenizer's special tokens) kept per process and tokenizer, per tenant, up to this many
+# characters, each entry counting 64 more (inference/prompt_segments.py; the same ids as
+# encoding anew; ~10-20 MB at the default). 0: none.
+PROMPT_SEGMENT_CACHE_CHARS = env_int("PROMPT_SEGMENT_CACHE_CHARS", 4_000_000)
 # No hang: a replica that sends nothing for this long fails the request.
 TRITON_FIRST_TOKEN_TIMEOUT_SECONDS = env_float("TRITON_FIRST_TOKEN_TIMEOUT_SECONDS", 120.0)
 TRITON_TOKEN_TIMEOUT_SECONDS = env_float("TRITON_TOKEN_TIMEOUT_SECONDS", 60.0)

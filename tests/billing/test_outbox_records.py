@@ -72,3 +72,22 @@ def test_creating_the_file_fsyncs_the_directory(tmp_path, monkeypatch):
     monkeypatch.setattr(outbox_module.os, "fsync", record)
     FileOutbox(tmp_path).append([make_event("a")])
     assert str(tmp_path / ACTIVE) in synced and str(tmp_path) in synced
+
+
+def test_the_wire_form_round_trips_and_stays_one_line(tmp_path):
+    """to_json (orjson: compact, non-ASCII as UTF-8) reads back the same event, as the stdlib's
+    json reads it, and never holds a newline byte (the outbox's record separator)."""
+    import json
+    from dataclasses import replace
+
+    event = replace(make_event("r\n1"), model_name="modèle\u2028日本\n", ttft_ms=12.345678901,
+                    total_ms=1e-05, occurred_at=1796121824.9994123, finish_reason="stop")
+    wire = event.to_json()
+    assert "\n" not in wire and UsageEvent.from_json(wire) == event
+    assert UsageEvent.from_json(wire.encode()) == event
+    assert json.loads(wire) == {"v": 1, **event.__dict__}
+    outbox = FileOutbox(tmp_path)
+    outbox.append([event, make_event("b")])
+    sent = []
+    outbox.replay(sent.extend)
+    assert sent == [event, make_event("b")]

@@ -73,6 +73,85 @@ async def test_ttl_cache_drops_everything_when_full():
     assert cache._held.keys() == {3}
 
 
+@pytest.mark.asyncio
+async def test_ttl_cache_callers_of_a_key_being_loaded_wait_for_that_load():
+    clock, loads, gate = Clock(), [], asyncio.Event()
+
+    async def load(key):
+        loads.append(key)
+        n = len(loads)
+        await gate.wait()
+        return f"{key}#{n}"
+
+    cache = TtlCache(load, clock, ttl_s=5.0)
+    first = asyncio.create_task(cache.get("a"))
+    await asyncio.sleep(0)  # first is loading
+    others = [asyncio.create_task(cache.get("a")) for _ in range(5)]
+    other_key = asyncio.create_task(cache.get("b"))
+    await asyncio.sleep(0)
+    gate.set()
+    assert await asyncio.gather(first, *others) == ["a#1"] * 6
+    assert await other_key == "b#2" and loads == ["a", "b"]  # one load per key
+
+
+@pytest.mark.asyncio
+async def test_ttl_cache_shared_load_failure_cancellation_and_forget():
+    clock, loads = Clock(), []
+    gate, fail = asyncio.Event(), [True]
+
+    async def load(key):
+        loads.append(key)
+        n = len(loads)
+        await gate.wait()
+        if fail[0]:
+            raise RuntimeError("database down")
+        return n
+
+    cache = TtlCache(load, clock, ttl_s=5.0)
+    callers = [asyncio.create_task(cache.get("a")) for _ in range(3)]
+    await asyncio.sleep(0)
+    gate.set()
+    results = await asyncio.gather(*callers, return_exceptions=True)
+    assert [str(r) for r in results] == ["database down"] * 3 and loads == ["a"]
+    # The loading caller cancelled: a waiter loads it itself.
+    gate.clear()
+    fail[0] = False
+    loader = asyncio.create_task(cache.get("a"))
+    await asyncio.sleep(0)
+    waiter = asyncio.create_task(cache.get("a"))
+    await asyncio.sleep(0)
+    loader.cancel()
+    await asyncio.sleep(0)
+    gate.set()
+    assert await waiter == 3 and loads == ["a", "a", "a"]
+    # forget during a load: a caller after it does not wait for that load, it loads anew.
+    gate.clear()
+    clock.now = 10.0
+    before = asyncio.create_task(cache.get("a"))
+    await asyncio.sleep(0)
+    cache.forget("a")
+    after = asyncio.create_task(cache.get("a"))
+    await asyncio.sleep(0)
+    gate.set()
+    assert (await before, await after) == (4, 5) and len(loads) == 5
+
+
+@pytest.mark.asyncio
+async def test_ttl_cache_zero_ttl_never_shares_a_load():
+    clock, gate, loads = Clock(), asyncio.Event(), []
+
+    async def load(key):
+        loads.append(key)
+        await gate.wait()
+        return len(loads)
+
+    cache = TtlCache(load, clock, ttl_s=0.0)
+    callers = [asyncio.create_task(cache.get(1)) for _ in range(3)]
+    await asyncio.sleep(0)
+    gate.set()
+    assert sorted(await asyncio.gather(*callers)) == [3, 3, 3] and len(loads) == 3
+
+
 def test_per_loop_gives_each_loop_its_own_object():
     made = []
     holder = PerLoop(lambda: made.append(object()) or made[-1])

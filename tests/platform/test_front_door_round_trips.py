@@ -19,6 +19,7 @@ import pytest
 from django.db.backends.utils import CursorWrapper
 from redis.asyncio.connection import AbstractConnection
 
+from common.lean_redis import LeanConnection
 from inference.container import current_container
 from inference.router import OutstandingTokens
 
@@ -44,6 +45,7 @@ def counted(monkeypatch):
     """Count Redis sends and SQL statements made in the context `measure` sets (the request's
     task and the tasks it starts; not other requests', not background loops started before)."""
     real_send = AbstractConnection.send_packed_command
+    real_lean_send = LeanConnection.send  # plain pipelines (common/lean_redis.py)
     real_execute = CursorWrapper.execute
 
     async def send(self, command, check_health=True):
@@ -52,6 +54,12 @@ def counted(monkeypatch):
             counts.redis.append(repr(command))
         return await real_send(self, command, check_health)
 
+    def lean_send(self, packed):
+        counts = _log.get()
+        if counts is not None:
+            counts.redis.append(repr(packed))
+        return real_lean_send(self, packed)
+
     def execute(self, sql, params=None):
         counts = _log.get()
         if counts is not None:
@@ -59,6 +67,7 @@ def counted(monkeypatch):
         return real_execute(self, sql, params)
 
     monkeypatch.setattr(AbstractConnection, "send_packed_command", send)
+    monkeypatch.setattr(LeanConnection, "send", lean_send)
     monkeypatch.setattr(CursorWrapper, "execute", execute)
     return None
 
