@@ -1,26 +1,25 @@
-"""Weight quantisation at load: int8 per output channel, symmetric, weight-only.
+"""Weight quantisation at load: int8, symmetric, weight-only.
 
-`quantize_model(model, "int8")` replaces, after the fused projections exist, every Linear of the
-decoder layers (qkv, o, gate_up, down) by an Int8Linear, and the tied embedding / LM head by one
-int8 table that both the lookup (Int8Embedding) and the head (an Int8Linear) read. Norms, RoPE,
-attention and the KV cache stay in the engine dtype.
+`quantize_model(model, "int8")`, after the fused projections exist:
+- on a CPU where the C block product builds (`_int8_as_blocks`): every projection of the decoder
+  layers (qkv, o, gate_up, down) and the head become GGUF Q8_0 blocks (models/gguf_linear.py:
+  one float16 scale per 32 values) in block-only GGUFLinears, multiplied against the float
+  activations as they are ("Q8_0_FX"), the tied embedding a lookup into the head's blocks; the
+  decode step runs as one C call as int4's does (docs/engine.md);
+- elsewhere (no compiler, other devices): Int8Linear, one float32 scale per output channel, and
+  one int8 table that both the lookup (Int8Embedding) and the head read.
+Norms, RoPE, attention and the KV cache stay in the engine dtype.
 
-Weight-only: activations are not quantised. Measured on SmolLM2 (README, "Quantised versions"),
-int8 activations quantised per tensor (PyTorch's fbgemm `quantized::linear_dynamic`, 2-4x faster
-than float32) agreed with the float model on the top-1 token only ~58% of the time, per token
-~87%; int8 weights alone ~98%.
+Weight-only: activations are not quantised. Measured on SmolLM2 (docs/replica.md, "Quantised
+versions"), int8 activations quantised per tensor (PyTorch's fbgemm `quantized::linear_dynamic`)
+agreed with the float model on the top-1 token only ~58% of the time; int8 weights alone ~98%.
 
 Int8Linear on a CPU runs PyTorch's int8-weight kernel (`torch._weight_int8pack_mm`: activations
 in bfloat16 (a float32 engine passes each as two bfloat16 parts), weights dequantised in
-registers, AVX512 or AVX2) for up to `KERNEL_MAX_ROWS` rows: it reads
-a quarter of the float32 bytes, so decode (a few rows, memory-bound) runs faster. With more rows
-(prefill) that kernel is slower than the float GEMM, so the weight is dequantised into the engine
-dtype for the call and the float GEMM runs. On other devices it always dequantises per call: the
-memory saving stays, the speed-up does not.
-
-int4 is not built: PyTorch's int4 CPU kernel (`_weight_int4pack_mm_for_cpu`) measured 1.2-1.9x
-slower than the int8 kernel at 1 row on the layer shapes and no faster at 32 (benchmarks/quantization.py's kernel
-table), and at 135M parameters the weights are not where this machine's memory goes.
+registers) for up to `KERNEL_MAX_ROWS` rows; with more rows (prefill) the weight is dequantised
+into the engine dtype for the call and the float GEMM runs. On other devices it always
+dequantises per call: the memory saving stays, the speed-up does not. int4 is a GGUF file's own
+Q4 blocks (models/gguf_linear.py), not a quantisation done here.
 """
 from __future__ import annotations
 
