@@ -368,6 +368,19 @@ static void output_rows(const void *w, int64_t type, void *y, int64_t M, int64_t
 #undef SPECIALISE
 }
 
+/* Inside a parallel region: this thread's contiguous share [n0, n1) of N rows, as
+ * schedule(static) would give it. */
+static inline void thread_rows(int64_t N, int64_t *n0, int64_t *n1) {
+#ifdef _OPENMP
+    const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+#else
+    const int64_t t = 0, nt = 1;
+#endif
+    const int64_t per = (N + nt - 1) / nt;
+    *n0 = t * per < N ? t * per : N;
+    *n1 = *n0 + per < N ? *n0 + per : N;
+}
+
 /* ---- Q8_0 weights, float activations: weight-only int8 ----
  * y[m, n] = sum_b d_w[n, b] * sum_j q[n, b, j] * x[m, 32 b + j] in float32: each int8 value
  * widened exactly, x as given (bfloat16 widened exactly), no activation quantisation, so the only
@@ -423,12 +436,8 @@ static int q8_float_matmul(const void *w, const void *x, void *y, int64_t M, int
     if (num_threads > 1 && N * row_bytes >= PARALLEL_MIN_BYTES) {
 #pragma omp parallel num_threads(num_threads)
         {
-#ifdef _OPENMP
-            const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
-#else
-            const int64_t t = 0, nt = 1;
-#endif
-            const int64_t per = (N + nt - 1) / nt, n0 = t * per < N ? t * per : N, n1 = n0 + per < N ? n0 + per : N;
+            int64_t n0, n1;
+            thread_rows(N, &n0, &n1);
             if (M == 1 && io_dtype == IO_BF16) q8_float_rows(w, xf, y, 1, N, K, IO_BF16, n0, n1);
             else q8_float_rows(w, xf, y, M, N, K, io_dtype, n0, n1);
         }
@@ -455,12 +464,8 @@ int gguf_matmul(const void *w, int64_t type, const void *x, void *y, int64_t M, 
     if (num_threads > 1 && N * row_bytes >= PARALLEL_MIN_BYTES) {
 #pragma omp parallel num_threads(num_threads)
         { /* contiguous shares of the rows, as schedule(static) */
-#ifdef _OPENMP
-            const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
-#else
-            const int64_t t = 0, nt = 1;
-#endif
-            const int64_t per = (N + nt - 1) / nt, n0 = t * per < N ? t * per : N, n1 = n0 + per < N ? n0 + per : N;
+            int64_t n0, n1;
+            thread_rows(N, &n0, &n1);
             output_rows(w, type, y, M, N, K, io_dtype, nb, row_bytes, xq, xd, xs, n0, n1);
         }
     } else {

@@ -198,6 +198,49 @@ static inline int order32(int kv_dtype, int half, int lane) {
     return kv_dtype == KV_BF16 ? 2 * lane + half : 16 * half + lane;
 }
 
+/* The chunk that starts at token `start` of a sequence of `len`: up to 16 tokens, never across a
+ * block boundary; *base is its first row's offset (KV head kh) in the pool. Returns its length. */
+static inline __attribute__((always_inline)) int64_t chunk_at(int64_t start, int64_t len, const int64_t *table,
+                                                               int64_t block_size, int64_t token_stride, int64_t kh,
+                                                               int64_t hd, int64_t *base) {
+    const int64_t in_block = start % block_size;
+    int64_t n = block_size - in_block;
+    if (n > 16) n = 16;
+    if (n > len - start) n = len - start;
+    *base = (table[start / block_size] * block_size + in_block) * token_stride + kh * hd;
+    return n;
+}
+
+/* The next chunk's K and V rows on their way while this one computes. */
+static inline __attribute__((always_inline)) void prefetch_next_chunk(
+        const void *k_pool, const void *v_pool, int64_t next, int64_t len, const int64_t *table,
+        int64_t block_size, int64_t token_stride, int64_t kh, int64_t hd, int kv_dtype) {
+    if (next >= len) return;
+    int64_t nbase;
+    const int64_t nn = chunk_at(next, len, table, block_size, token_stride, kh, hd, &nbase);
+    prefetch_rows(k_pool, nbase, nn, token_stride, hd, kv_dtype);
+    prefetch_rows(v_pool, nbase, nn, token_stride, hd, kv_dtype);
+}
+
+/* One query head's online softmax over a chunk's scores s (lanes past `valid` ignored): the
+ * chunk's weights exp(s - max) (zero past valid), the running max *m and sum *l updated and the
+ * head's nacc accumulators rescaled when the max moved. */
+static inline __attribute__((always_inline)) __m512 softmax_chunk(__m512 s, __mmask16 valid, int first, float *m,
+                                                                  float *l, __m512 *acc, int64_t nacc) {
+    float chunk_max = _mm512_mask_reduce_max_ps(valid, s);
+    if (!first && *m > chunk_max) chunk_max = *m;
+    const __m512 e = _mm512_maskz_mov_ps(valid, exp16(_mm512_sub_ps(s, _mm512_set1_ps(chunk_max))));
+    if (!first) {
+        const float correction = expf(*m - chunk_max);
+        *l *= correction;
+        if (correction != 1.f)
+            for (int64_t j = 0; j < nacc; j++) acc[j] = _mm512_mul_ps(acc[j], _mm512_set1_ps(correction));
+    }
+    *l += _mm512_reduce_add_ps(e);
+    *m = chunk_max;
+    return e;
+}
+
 /* 16 vectors -> one vector whose lane t is the sum of v[t]'s lanes (a transposing add tree:
  * 15 adds and 30 shuffles for all 16 sums instead of 16 serial horizontal reductions). */
 static inline __attribute__((always_inline)) __m512 sum16x16(const __m512 *v) {
@@ -236,21 +279,10 @@ static inline __attribute__((always_inline)) void attend32_avx512(
         l[g] = 0.f;
     }
     for (int64_t start = 0; start < len;) {
-        const int64_t in_block = start % block_size;
-        int64_t n = block_size - in_block;
-        if (n > 16) n = 16;
-        if (n > len - start) n = len - start;
-        const int64_t base = (table[start / block_size] * block_size + in_block) * token_stride + kh * hd;
+        int64_t base;
+        const int64_t n = chunk_at(start, len, table, block_size, token_stride, kh, hd, &base);
         const __mmask16 valid = (__mmask16)((1u << n) - 1u);
-        if (start + n < len) { /* the next chunk's K and V rows are on their way while this one computes */
-            const int64_t next = start + n, next_in = next % block_size;
-            int64_t nn = block_size - next_in;
-            if (nn > 16) nn = 16;
-            if (nn > len - next) nn = len - next;
-            const int64_t nbase = (table[next / block_size] * block_size + next_in) * token_stride + kh * hd;
-            prefetch_rows(k_pool, nbase, nn, token_stride, hd, kv_dtype);
-            prefetch_rows(v_pool, nbase, nn, token_stride, hd, kv_dtype);
-        }
+        prefetch_next_chunk(k_pool, v_pool, start + n, len, table, block_size, token_stride, kh, hd, kv_dtype);
 #if ATT_K_ONCE
         /* each K row loaded (and widened) once for all the group's query heads */
         __m512 dd[MAX_GROUP][16];
@@ -286,19 +318,7 @@ static inline __attribute__((always_inline)) void attend32_avx512(
             }
 #endif
             for (int64_t t = n; t < 16; t++) d[t] = _mm512_setzero_ps();
-            const __m512 s = sum16x16(d);
-            float chunk_max = _mm512_mask_reduce_max_ps(valid, s);
-            if (start && m[g] > chunk_max) chunk_max = m[g];
-            const __m512 e = _mm512_maskz_mov_ps(valid, exp16(_mm512_sub_ps(s, _mm512_set1_ps(chunk_max))));
-            _mm512_store_ps(sc[g], e);
-            if (start) {
-                const float correction = expf(m[g] - chunk_max);
-                l[g] *= correction;
-                if (correction != 1.f)
-                    for (int64_t j = 0; j < 2 * np; j++) acc[g][j] = _mm512_mul_ps(acc[g][j], _mm512_set1_ps(correction));
-            }
-            l[g] += _mm512_reduce_add_ps(e);
-            m[g] = chunk_max;
+            _mm512_store_ps(sc[g], softmax_chunk(sum16x16(d), valid, start == 0, &m[g], &l[g], acc[g], 2 * np));
         }
         for (int64_t t = 0; t < n; t++) {
             const int64_t row = base + t * token_stride;
@@ -347,7 +367,6 @@ static inline __attribute__((always_inline)) void attend_bf16dp(
     __m512bh qb[MAX_GROUP][MAX_HD / 32];
     __m512 acc[MAX_GROUP][MAX_HD / 16];
     float m[MAX_GROUP], l[MAX_GROUP];
-    float sc[MAX_GROUP][16] __attribute__((aligned(64)));
     uint32_t pair[MAX_GROUP][8] __attribute__((aligned(64))); /* p of tokens 2i, 2i+1 as bf16 */
     for (int64_t g = 0; g < group; g++) {
         for (int64_t p = 0; p < np; p++) /* exact: every q value is a bfloat16 (the caller checked) */
@@ -358,21 +377,10 @@ static inline __attribute__((always_inline)) void attend_bf16dp(
     }
     const __m512 vscale = _mm512_set1_ps(scale);
     for (int64_t start = 0; start < len;) {
-        const int64_t in_block = start % block_size;
-        int64_t n = block_size - in_block;
-        if (n > 16) n = 16;
-        if (n > len - start) n = len - start;
-        const int64_t base = (table[start / block_size] * block_size + in_block) * token_stride + kh * hd;
+        int64_t base;
+        const int64_t n = chunk_at(start, len, table, block_size, token_stride, kh, hd, &base);
         const __mmask16 valid = (__mmask16)((1u << n) - 1u);
-        if (start + n < len) {
-            const int64_t next = start + n, next_in = next % block_size;
-            int64_t nn = block_size - next_in;
-            if (nn > 16) nn = 16;
-            if (nn > len - next) nn = len - next;
-            const int64_t nbase = (table[next / block_size] * block_size + next_in) * token_stride + kh * hd;
-            prefetch_rows(k_pool, nbase, nn, token_stride, hd, KV_BF16);
-            prefetch_rows(v_pool, nbase, nn, token_stride, hd, KV_BF16);
-        }
+        prefetch_next_chunk(k_pool, v_pool, start + n, len, table, block_size, token_stride, kh, hd, KV_BF16);
         __m512 dd[MAX_GROUP][16];
         for (int64_t t = 0; t < n; t++) {
             const uint16_t *row = kp + base + t * token_stride;
@@ -387,20 +395,9 @@ static inline __attribute__((always_inline)) void attend_bf16dp(
         for (int64_t g = 0; g < group; g++) {
             __m512 *d = dd[g];
             for (int64_t t = n; t < 16; t++) d[t] = _mm512_setzero_ps();
-            const __m512 s = _mm512_mul_ps(sum16x16(d), vscale);
-            float chunk_max = _mm512_mask_reduce_max_ps(valid, s);
-            if (start && m[g] > chunk_max) chunk_max = m[g];
-            const __m512 e = _mm512_maskz_mov_ps(valid, exp16(_mm512_sub_ps(s, _mm512_set1_ps(chunk_max))));
-            _mm512_store_ps(sc[g], e);
+            const __m512 e = softmax_chunk(_mm512_mul_ps(sum16x16(d), vscale), valid, start == 0, &m[g], &l[g], acc[g],
+                                           2 * np);
             _mm256_store_si256((__m256i *)pair[g], (__m256i)_mm512_cvtneps_pbh(e)); /* zero past n */
-            if (start) {
-                const float correction = expf(m[g] - chunk_max);
-                l[g] *= correction;
-                if (correction != 1.f)
-                    for (int64_t j = 0; j < 2 * np; j++) acc[g][j] = _mm512_mul_ps(acc[g][j], _mm512_set1_ps(correction));
-            }
-            l[g] += _mm512_reduce_add_ps(e);
-            m[g] = chunk_max;
         }
         for (int64_t t = 0; t < n; t += 2) {
             const uint16_t *ra = vp + base + t * token_stride, *rb = ra + token_stride;
