@@ -103,15 +103,24 @@ async def _direct_stream(url: str, headers: dict | None) -> tuple[int, list[str]
     return responses, errors
 
 
+def _direct_streams(url: str, headers: dict | None) -> list[tuple[int, list[str]]]:
+    """Direct streaming calls, at least 3, going on (at most 20) until one reads the replica's
+    own status: on a fast machine grpc's race above hit 3 calls in a row in CI."""
+    outcomes = []
+    while len(outcomes) < 20 and (len(outcomes) < 3 or not any(
+            errors and "restricted" in errors[0] for _, errors in outcomes)):
+        outcomes.append(asyncio.run(_direct_stream(url, headers)))
+    return outcomes
+
+
 def test_direct_grpc_stream_without_the_token_is_refused(server):
-    outcomes = [asyncio.run(_direct_stream(server.grpc_url, None)) for _ in range(3)]
-    assert all(_refused(*outcome) for outcome in outcomes), outcomes
+    outcomes = _direct_streams(server.grpc_url, None)
+    assert all(_refused(*outcome) for outcome in outcomes), outcomes  # every call refused, either way
     assert any("restricted" in errors[0] for _, errors in outcomes), outcomes
 
 
 def test_direct_grpc_stream_with_a_wrong_token_is_refused(server):
-    outcomes = [asyncio.run(_direct_stream(server.grpc_url, {GRPC_HEADER: "0" * 64}))
-                for _ in range(3)]
+    outcomes = _direct_streams(server.grpc_url, {GRPC_HEADER: "0" * 64})
     assert all(_refused(*outcome) for outcome in outcomes), outcomes
     assert any("restricted" in errors[0] for _, errors in outcomes), outcomes
 
