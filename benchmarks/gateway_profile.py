@@ -89,8 +89,13 @@ def daphne_pids(fleet) -> list[int]:
 class Spy:
     """py-spy recording one process until stopped."""
 
+    @staticmethod
+    def executable() -> str | None:
+        found = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+        return found if Path(found).exists() else None
+
     def __init__(self, pid: int, out: Path, rate: int):
-        exe = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+        exe = self.executable()
         self.out = out
         self.proc = subprocess.Popen([exe, "record", "--gil", "--rate", str(rate), "--format",
                                       "raw", "--output", str(out), "--pid", str(pid)],
@@ -170,6 +175,9 @@ def main() -> None:
     if args.report:
         print(report(Path(args.report), args.top))
         return
+    if not args.no_spy and Spy.executable() is None:
+        raise SystemExit("gateway_profile: py-spy is not installed (it is not a requirement): "
+                         f"{sys.executable} -m pip install py-spy, or run with --no-spy for the phases' CPU alone")
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "llm_platform.settings")
     os.environ.setdefault("SECRET_KEY", secrets.token_urlsafe(48))
     asyncio.run(run(args))
