@@ -143,7 +143,9 @@ def test_shared_system_prompt_lands_on_the_warm_replica(setup, replicas):
 
 async def _stream(http: httpx.AsyncClient, base_url: str, key: str, user: str,
                   started: threading.Event) -> Outcome:
-    body = {"model": "chat-small", "stream": True, "max_tokens": 24, "temperature": 0,
+    # long enough that the poll below sees the streams running: at 24 tokens a fast CPU had
+    # finished all 9 between two polls of the replicas' metrics ("no replica received a request")
+    body = {"model": "chat-small", "stream": True, "max_tokens": 128, "temperature": 0,
             "messages": [{"role": "user", "content": user}]}
     tokens, done, error, event = 0, False, False, None
     async with http.stream("POST", base_url + "/v1/generate", json=body,
