@@ -197,13 +197,17 @@ def test_the_platform_client_with_another_token_is_told_why(server):
 
     # Triton 2.51 sometimes answers a refused stream with gRPC INTERNAL "Internal error from
     # Core" instead of its "restricted" message (docs/security.md): every call must be refused,
-    # and at least one of three told why.
+    # and one told why (calls go on, at most 20, until one is: 3 in a row read the race in a
+    # clean-clone CI run on a fast machine).
+    def told_why(r) -> bool:
+        return isinstance(r, ReplicaUnavailable) and "access token" in str(r)
+
     refusals = []
-    for _ in range(3):
+    while len(refusals) < 20 and not any(told_why(r) for r in refusals):
         with pytest.raises(ReplicaError) as refused:
             asyncio.run(generate())
         refusals.append(refused.value)
-    assert any(isinstance(r, ReplicaUnavailable) and "access token" in str(r) for r in refusals), refusals
+    assert any(told_why(r) for r in refusals), refusals
 
 
 def test_http_inference_needs_the_token_too(server):
