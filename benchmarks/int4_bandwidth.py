@@ -102,7 +102,8 @@ def measure(threads: int, rounds: int, buffer_mb: int, dtype: torch.dtype = torc
 
         model = build_model(ckpt.config, ckpt.state_dict, str(dtype).removeprefix("torch."), "cpu", quantization="int8")
         mods = [m for m in model.modules() if isinstance(m, GGUFLinear)]
-        products = [(m._product, torch.randn(1, m.in_features).to(dtype)) for m in mods]
+        products = [(kernel.bind(m.blocks, m.kernel_type, m.out_features), torch.randn(1, m.in_features).to(dtype))
+                    for m in mods]
         weight_bytes = sum(m.blocks.numel() for m in mods)
         matrices = len(mods)
     else:

@@ -193,10 +193,6 @@ static inline __attribute__((always_inline)) void prefetch_rows(const void *pool
         for (int64_t byte = 0; byte < hd * esize; byte += 64) _mm_prefetch(p + t * stride * esize + byte, _MM_HINT_T0);
 }
 
-/* Which of the 32 values lane `lane` of vector `half` (0: a, 1: b) of load32 holds. */
-static inline int order32(int kv_dtype, int half, int lane) {
-    return kv_dtype == KV_BF16 ? 2 * lane + half : 16 * half + lane;
-}
 
 /* The chunk that starts at token `start` of a sequence of `len`: up to 16 tokens, never across a
  * block boundary; *base is its first row's offset (KV head kh) in the pool. Returns its length. */
@@ -241,6 +237,34 @@ static inline __attribute__((always_inline)) __m512 softmax_chunk(__m512 s, __mm
     return e;
 }
 
+/* How the accumulators hold a head's dims: lane `lane` of vector 2p + half is dim 32p + ...
+ *   ORDER_HALVES: 16 half + lane (float32 / float16 through load32),
+ *   ORDER_EVEN_ODD: 2 lane + half (bfloat16 through load32),
+ *   ORDER_UNPACK: 8 (lane / 4) + 4 half + lane % 4 (vpunpck{l,h}wd of two V rows). */
+enum { ORDER_HALVES = 0, ORDER_EVEN_ODD = 1, ORDER_UNPACK = 2 };
+
+static inline int order32_of(int kv_dtype) { return kv_dtype == KV_BF16 ? ORDER_EVEN_ODD : ORDER_HALVES; }
+
+static inline __attribute__((always_inline)) int dim_of(int order, int half, int lane) {
+    return order == ORDER_UNPACK ? 8 * (lane / 4) + 4 * half + lane % 4
+         : order == ORDER_EVEN_ODD ? 2 * lane + half : 16 * half + lane;
+}
+
+/* The group's outputs in dim order, each head's accumulators divided by its softmax sum. */
+static inline __attribute__((always_inline)) void store_heads(__m512 acc[][MAX_HD / 16], const float *l,
+                                                              int64_t group, int64_t np, int64_t hd, float *og,
+                                                              int order) {
+    for (int64_t g = 0; g < group; g++) {
+        float tmp[MAX_HD] __attribute__((aligned(64)));
+        for (int64_t j = 0; j < 2 * np; j++) _mm512_store_ps(tmp + 16 * j, acc[g][j]);
+        const float inv = l[g] > 0.f ? 1.f / l[g] : 0.f;
+        for (int64_t p = 0; p < np; p++)
+            for (int half = 0; half < 2; half++)
+                for (int lane = 0; lane < 16; lane++)
+                    og[g * hd + 32 * p + dim_of(order, half, lane)] = tmp[32 * p + 16 * half + lane] * inv;
+    }
+}
+
 /* 16 vectors -> one vector whose lane t is the sum of v[t]'s lanes (a transposing add tree:
  * 15 adds and 30 shuffles for all 16 sums instead of 16 serial horizontal reductions). */
 static inline __attribute__((always_inline)) __m512 sum16x16(const __m512 *v) {
@@ -273,7 +297,7 @@ static inline __attribute__((always_inline)) void attend32_avx512(
         for (int64_t p = 0; p < np; p++)
             for (int half = 0; half < 2; half++)
                 for (int lane = 0; lane < 16; lane++)
-                    qp[g][32 * p + 16 * half + lane] = qg[g * hd + 32 * p + order32(kv_dtype, half, lane)] * scale;
+                    qp[g][32 * p + 16 * half + lane] = qg[g * hd + 32 * p + dim_of(order32_of(kv_dtype), half, lane)] * scale;
         for (int64_t j = 0; j < 2 * np; j++) acc[g][j] = _mm512_setzero_ps();
         m[g] = 0.f;
         l[g] = 0.f;
@@ -334,15 +358,7 @@ static inline __attribute__((always_inline)) void attend32_avx512(
         }
         start += n;
     }
-    for (int64_t g = 0; g < group; g++) {
-        float tmp[MAX_HD] __attribute__((aligned(64)));
-        for (int64_t j = 0; j < 2 * np; j++) _mm512_store_ps(tmp + 16 * j, acc[g][j]);
-        const float inv = l[g] > 0.f ? 1.f / l[g] : 0.f;
-        for (int64_t p = 0; p < np; p++)
-            for (int half = 0; half < 2; half++)
-                for (int lane = 0; lane < 16; lane++)
-                    og[g * hd + 32 * p + order32(kv_dtype, half, lane)] = tmp[32 * p + 16 * half + lane] * inv;
-    }
+    store_heads(acc, l, group, np, hd, og, order32_of(kv_dtype));
 }
 
 #if defined(__AVX512BF16__)
@@ -415,28 +431,9 @@ static inline __attribute__((always_inline)) void attend_bf16dp(
         }
         start += n;
     }
-    for (int64_t g = 0; g < group; g++) {
-        float tmp[MAX_HD] __attribute__((aligned(64)));
-        for (int64_t j = 0; j < 2 * np; j++) _mm512_store_ps(tmp + 16 * j, acc[g][j]);
-        const float inv = l[g] > 0.f ? 1.f / l[g] : 0.f;
-        for (int64_t p = 0; p < np; p++)
-            for (int half = 0; half < 2; half++)
-                for (int lane = 0; lane < 16; lane++)
-                    og[g * hd + 32 * p + 8 * (lane / 4) + 4 * half + lane % 4] = tmp[32 * p + 16 * half + lane] * inv;
-    }
+    store_heads(acc, l, group, np, hd, og, ORDER_UNPACK);
 }
 
-/* every value of the group's queries a bfloat16 (low 16 bits zero): vdpbf16ps then multiplies
- * exactly what the float32 path would */
-static inline int queries_are_bf16(const float *qg, int64_t n) {
-    uint32_t low = 0;
-    for (int64_t i = 0; i < n; i++) {
-        uint32_t u;
-        memcpy(&u, qg + i, 4);
-        low |= u & 0xFFFFu;
-    }
-    return low == 0;
-}
 #else
 #define HAVE_BF16DP 0
 #endif
@@ -449,6 +446,18 @@ static inline int queries_are_bf16(const float *qg, int64_t n) {
 #ifndef HAVE_BF16DP
 #define HAVE_BF16DP 0
 #endif
+
+/* every query value a bfloat16 (low 16 bits zero): vdpbf16ps then multiplies exactly what the
+ * float32 path would */
+static int queries_are_bf16(const float *q, int64_t n) {
+    uint32_t low = 0;
+    for (int64_t i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, q + i, 4);
+        low |= u & 0xFFFFu;
+    }
+    return low == 0;
+}
 static int bf16_dot = 1;
 void paged_attention_set_bf16_dot(int64_t on) { bf16_dot = on != 0; }
 int64_t paged_attention_has_bf16_dot(void) { return HAVE_BF16DP; }
@@ -457,7 +466,7 @@ int64_t paged_attention_has_bf16_dot(void) { return HAVE_BF16DP; }
 static void attend_task(
     const float *q, const void *k_pool, const void *v_pool, const int64_t *block_tables, const int64_t *context_lens,
     float *out, int64_t nh, int64_t hd, int64_t block_size, int64_t max_blocks, float scale, int64_t kv_dtype,
-    int64_t group, int64_t token_stride, int64_t b, int64_t kh) {
+    int64_t group, int64_t token_stride, int64_t b, int64_t kh, int use_bf16_dot) {
     {
 #if HAVE_AVX512
     if (hd % 32 == 0) {
@@ -465,7 +474,7 @@ static void attend_task(
         float *oa = out + (b * nh + kh * group) * hd;
         const int64_t *ta = block_tables + b * max_blocks;
 #if HAVE_BF16DP
-        if (kv_dtype == KV_BF16 && bf16_dot && queries_are_bf16(qa, group * hd)) {
+        if (use_bf16_dot) {
             if (hd == 64 && group == 3) attend_bf16dp(qa, k_pool, v_pool, ta, context_lens[b], 3, 64, kh, block_size, token_stride, scale, oa);
             else attend_bf16dp(qa, k_pool, v_pool, ta, context_lens[b], group, hd, kh, block_size, token_stride, scale, oa);
             return;
@@ -573,17 +582,20 @@ int paged_decode_attention(const float *q, const void *k_pool, const void *v_poo
     const int64_t group = nh / kvh;
     if (hd > MAX_HD || group > MAX_GROUP || block_size > MAX_BS || group * kvh != nh) return -1;
     const int64_t token_stride = kvh * hd;
+    /* the vdpbf16ps path for the whole call, or none of it: checked once, not per task */
+    const int use_bf16_dot = HAVE_BF16DP && bf16_dot && kv_dtype == KV_BF16 && hd % 32 == 0 &&
+                             queries_are_bf16(q, B * nh * hd);
     if (num_threads > 1) {
 #pragma omp parallel for collapse(2) schedule(dynamic, 1) num_threads(num_threads)
         for (int64_t b = 0; b < B; b++)
             for (int64_t kh = 0; kh < kvh; kh++)
                 attend_task(q, k_pool, v_pool, block_tables, context_lens, out, nh, hd, block_size, max_blocks,
-                            scale, kv_dtype, group, token_stride, b, kh);
+                            scale, kv_dtype, group, token_stride, b, kh, use_bf16_dot);
     } else { /* no OpenMP region (e.g. called from inside decode_layers' thread team) */
         for (int64_t b = 0; b < B; b++)
             for (int64_t kh = 0; kh < kvh; kh++)
                 attend_task(q, k_pool, v_pool, block_tables, context_lens, out, nh, hd, block_size, max_blocks,
-                            scale, kv_dtype, group, token_stride, b, kh);
+                            scale, kv_dtype, group, token_stride, b, kh, use_bf16_dot);
     }
     return 0;
 }
