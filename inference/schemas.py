@@ -266,8 +266,10 @@ def plainly_valid(kind: "EndpointKind", body: dict) -> dict | None:
         if stream_options is not None:
             if type(stream_options) is not dict:
                 raise _NotPlain
-            data["stream_options"] = {
-                "include_usage": bool(_bool(stream_options.get("include_usage")))}
+            include_usage = stream_options.get("include_usage", False)
+            if type(include_usage) is not bool:  # null too: the serializer's 400 says why
+                raise _NotPlain
+            data["stream_options"] = {"include_usage": include_usage}
         if kind.takes_messages:
             messages = body["messages"]
             if type(messages) is not list or not 1 <= len(messages) <= 1024:
