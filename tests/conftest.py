@@ -1,6 +1,8 @@
 """Session-wide cleanup of this run's Redis keys, before and after it (names are private to the
 run: tests.settings), and of the processes the tests start, also when the run is interrupted."""
+import io
 import signal
+import threading
 
 import pytest
 
@@ -15,6 +17,51 @@ def pytest_configure(config):
 
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, interrupt)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_timeout_set_timer(item, settings):
+    """pytest-timeout's signal method, plus the stack of every task of the running event loop:
+    a hung `await` shows only as the loop's select() in the threads' stacks."""
+    if settings.method != "signal" or threading.current_thread() is not threading.main_thread():
+        return None
+    import pytest_timeout
+
+    def handler(signum, frame):
+        __tracebackhide__ = True
+        _dump_asyncio_tasks(item.config.get_terminal_writer())
+        pytest_timeout.timeout_sigalrm(item, settings)
+
+    def cancel():
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, signal.SIG_DFL)
+
+    item.cancel_timeout = cancel
+    signal.signal(signal.SIGALRM, handler)
+    signal.setitimer(signal.ITIMER_REAL, settings.timeout)
+    return True
+
+
+def _dump_asyncio_tasks(terminal) -> None:
+    import asyncio
+
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:  # the test was not inside an event loop
+        return
+    terminal.sep("+", title="asyncio tasks at the timeout, each down its chain of awaits")
+    for task in asyncio.all_tasks(loop):
+        text = io.StringIO()
+        text.write(f"{task!r}\n")
+        awaited = task.get_coro()
+        while awaited is not None:  # coroutine -> what it awaits -> ... -> a future
+            frame = getattr(awaited, "cr_frame", None) or getattr(awaited, "gi_frame", None)
+            if frame is None:
+                text.write(f"    awaits {awaited!r}\n")
+                break
+            text.write(f"  {frame.f_code.co_filename}:{frame.f_lineno} in {frame.f_code.co_name}\n")
+            awaited = getattr(awaited, "cr_await", None) or getattr(awaited, "gi_yieldfrom", None)
+        terminal.write(text.getvalue())
 
 
 def _delete_run_keys() -> None:
