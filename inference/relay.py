@@ -73,20 +73,31 @@ async def open_frames(generation: Generation, outcome: PreparedRequest | Replaye
     except TimeoutError:
         await items.aclose()
         raise deadline_exceeded() from None
-    return _relay(_Pump(items, first), fmt, meta, deadline)
+    return _relay(_Pump(items, first, deadline), fmt, meta)
 
 
 class _Pump:
     """Runs the rest of a generation in its own task, buffering what it yields, so the writer
-    can take everything produced since its last write at once."""
+    can take everything produced since its last write at once.
 
-    def __init__(self, items: AsyncIterator[Delta | Done], first: Delta | Done):
+    The request's deadline is one timer for the whole stream (it wakes `take`, which then
+    raises TimeoutError), not an `asyncio.timeout_at` around every write: that cost a Timeout,
+    a TimerHandle and a heap push and cancel per frame set."""
+
+    def __init__(self, items: AsyncIterator[Delta | Done], first: Delta | Done,
+                 deadline: float):
         self._items = items
         self._buffer: list[Delta | Done] = [first]
         self._ready = asyncio.Event()
         self._ready.set()
         self._error: BaseException | None = None
         self._task: asyncio.Task | None = None
+        self._expired = False
+        self._deadline = asyncio.get_running_loop().call_at(deadline, self._expire)
+
+    def _expire(self) -> None:
+        self._expired = True
+        self._ready.set()
 
     def _start(self) -> None:
         if self._task is None and not isinstance(self._buffer[-1], Done):
@@ -108,7 +119,7 @@ class _Pump:
         producing (at most GATHER_YIELDS times; one item needs a few loop turns to come up
         from the gRPC stream), so tokens already on their way join this write."""
         for _ in range(GATHER_YIELDS):
-            if self._task is None or self._task.done() or (
+            if self._expired or self._task is None or self._task.done() or (
                     self._buffer and isinstance(self._buffer[-1], Done)):
                 return
             await asyncio.sleep(0)  # one turn of the loop, not a wait
@@ -120,9 +131,11 @@ class _Pump:
 
     async def take(self) -> list[Delta | Done]:
         """Everything buffered since the last take (waits for at least one item); raises what
-        the generation raised once its items are taken."""
+        the generation raised once its items are taken; TimeoutError past the deadline."""
         self._start()
         while not self._buffer:
+            if self._expired:
+                raise TimeoutError
             if self._error is not None:
                 raise self._error
             if self._task is not None and self._task.done():
@@ -135,11 +148,13 @@ class _Pump:
     async def finished(self) -> None:
         """Wait for the generation's own end (its usage, Idempotency-Key and bucket
         bookkeeping run after its last item)."""
+        self._deadline.cancel()
         if self._task is not None:
             await asyncio.wait([self._task])
         await self._items.aclose()  # the first item was the last: the task never ran
 
     async def cancel(self) -> None:
+        self._deadline.cancel()
         if self._task is not None:
             if not self._task.done():
                 self._task.cancel()
@@ -166,19 +181,17 @@ def coalesce(fmt: ResponseFormat, meta: StreamMeta, items: list[Delta | Done]) -
     return frames, done
 
 
-async def _relay(pump: _Pump, fmt: ResponseFormat, meta: StreamMeta,
-                 deadline: float) -> AsyncIterator[Frames]:
+async def _relay(pump: _Pump, fmt: ResponseFormat, meta: StreamMeta) -> AsyncIterator[Frames]:
     start = list(fmt.start(meta))
     finished = False
     first = True  # the first token is written at once (TTFT)
     try:
         while True:
             try:
-                async with asyncio.timeout_at(deadline):
-                    items = await pump.take()
-                    if not first and not isinstance(items[-1], Done):
-                        await pump.gather()
-                        items += pump.take_ready()
+                items = await pump.take()
+                if not first and not isinstance(items[-1], Done):
+                    await pump.gather()
+                    items += pump.take_ready()
             except Exception as exc:  # noqa: BLE001 - every stream ends with a final event
                 error = deadline_exceeded() if isinstance(exc, TimeoutError) else as_api_error(
                     exc, "stream")

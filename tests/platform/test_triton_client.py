@@ -77,6 +77,43 @@ async def test_a_silent_replica_times_out(fake_replica):
     await client.close()
 
 
+async def test_a_replica_silent_before_the_first_token_times_out(fake_replica):
+    client = TritonReplicaClient(first_token_timeout=0.2, token_timeout=10)
+    with pytest.raises(ReplicaUnavailable, match="no response from the replica for 0.2 s"):
+        await collect(client, fake_replica.grpc_address, request("[slow-prefill]"))
+    await client.close()
+
+
+async def test_time_the_consumer_takes_between_tokens_is_not_silence(fake_replica):
+    """Only the waits for the replica count: a consumer slower than `token_timeout` between
+    tokens (tokens queue up meanwhile) reads them all, also across tasks (the relay reads the
+    first chunk in the request's task and the rest in its pump's)."""
+    client = TritonReplicaClient(first_token_timeout=10, token_timeout=0.05)
+    chunks = client.stream(fake_replica.grpc_address, request(max_tokens=4))
+    texts = [(await anext(chunks)).text]
+
+    async def rest():
+        async for chunk in chunks:
+            texts.append(chunk.text)
+            await asyncio.sleep(0.15)  # the consumer's own pace: three token timeouts
+    await asyncio.create_task(rest())
+    assert texts == [" t0", " t1", " t2", " t3"]
+    await client.close()
+
+
+async def test_a_cancelled_reader_is_cancelled_not_timed_out(fake_replica):
+    client = TritonReplicaClient(first_token_timeout=10, token_timeout=10)
+    reader = asyncio.create_task(collect(client, fake_replica.grpc_address,
+                                         request("[slow]", max_tokens=1000)))
+    await asyncio.wait_for(fake_replica.state.arrived.wait(), 10)
+    reader.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await reader
+    await async_wait_until(lambda: fake_replica.state.num_running == 0, 5.0,
+                           "the replica cancelling the abandoned stream")
+    await client.close()
+
+
 async def test_engine_and_request_faults_are_told_apart(fake_replica):
     client = TritonReplicaClient(first_token_timeout=10, token_timeout=10)
     with pytest.raises(ReplicaRequestFailed, match="non-finite"):
