@@ -26,42 +26,66 @@ Refresh = Callable[[], Awaitable[object]]
 
 
 class KeepAlive:
+    """No task of its own until a refresh is due: a timer (`call_later`) per interval starts
+    one refresh task, which re-arms the timer when it ends. Most requests end before the first
+    interval, so they cost one timer, not a task, a `wait_for` and its inner task."""
+
     def __init__(self, interval_s: float, timeout_s: float, max_s: float):
         self._interval_s = interval_s
         self._timeout_s = timeout_s
         self._max_s = max_s
         self._holdings: dict[str, Refresh] = {}
-        self._task: asyncio.Task | None = None
-        self._stopped = asyncio.Event()
+        self._task: asyncio.Task | None = None  # the refresh in progress
+        self._timer: asyncio.TimerHandle | None = None
+        self._end = 0.0
+        self._stopped = False
 
     def hold(self, name: str, refresh: Refresh) -> None:
-        if self._stopped.is_set():
+        if self._stopped:
             return
         self._holdings[name] = refresh
-        if self._task is None:
-            self._task = asyncio.create_task(self._run())
+        if self._timer is None and self._task is None:
+            loop = asyncio.get_running_loop()
+            self._end = loop.time() + self._max_s
+            self._timer = loop.call_later(self._interval_s, self._due)
 
     def drop(self, name: str) -> None:
         self._holdings.pop(name, None)
 
-    async def _run(self) -> None:
+    def _due(self) -> None:
+        self._timer = None
+        if self._stopped:
+            return
         loop = asyncio.get_running_loop()
-        end = loop.time() + self._max_s
-        while loop.time() < end and not self._stopped.is_set():
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._stopped.wait(), self._interval_s)
+        if loop.time() >= self._end:
+            return  # nothing is refreshed past max_s
+        if not self._holdings:
+            self._timer = loop.call_later(self._interval_s, self._due)
+            return
+        self._task = loop.create_task(self._refresh())
+
+    async def _refresh(self) -> None:
+        try:
             for name, refresh in list(self._holdings.items()):
-                if self._stopped.is_set():
+                if self._stopped:
                     return
                 try:
                     async with asyncio.timeout(self._timeout_s):
                         await refresh()
                 except Exception as exc:  # noqa: BLE001 - next tick retries; TTL is the bound
                     logger.warning("could not refresh %s: %r", name, exc)
+        finally:
+            if asyncio.current_task() is self._task:
+                self._task = None
+            if not self._stopped:
+                self._timer = asyncio.get_running_loop().call_later(self._interval_s, self._due)
 
     async def stop(self) -> None:
         self._holdings.clear()
-        self._stopped.set()
+        self._stopped = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         task, self._task = self._task, None
         if task is not None:
             task.cancel()

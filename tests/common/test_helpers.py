@@ -89,3 +89,30 @@ def test_per_loop_gives_each_loop_its_own_object():
         assert holder.get(loop) == "mine" and holder.pop(loop) == "mine" and holder.get(loop) is None
     finally:
         loop.close()
+
+
+def test_per_loop_forgets_a_popped_or_replaced_object_and_keeps_no_loop_alive():
+    import gc
+    import weakref
+
+    made = []
+    holder = PerLoop(lambda: made.append(object()) or made[-1])
+    loop = asyncio.new_event_loop()
+
+    async def current():
+        return holder.current()
+
+    try:
+        first = loop.run_until_complete(current())
+        assert loop.run_until_complete(current()) is first  # the remembered answer
+        assert holder.pop(loop) is first
+        second = loop.run_until_complete(current())  # not the popped one
+        assert second is not first
+        holder.set(loop, "replaced")
+        assert loop.run_until_complete(current()) == "replaced"
+    finally:
+        loop.close()
+    gone = weakref.ref(loop)
+    del loop
+    gc.collect()
+    assert gone() is None  # the remembered answer holds its loop weakly
