@@ -11,6 +11,11 @@ from replica.access import access_token
 TEST_RUN_ID = os.environ.setdefault("LLMP_TEST_RUN_ID", uuid.uuid4().hex[:8])
 REDIS_KEY_PREFIX = f"llmp-test-{TEST_RUN_ID}:"
 DATABASES["default"]["TEST"] = {"NAME": f"test_llm_platform_{TEST_RUN_ID}"}
+# A test whose connection waits on a lock that another connection never releases (one left in
+# a transaction by a cancelled request, say) fails with "canceling statement due to lock
+# timeout" instead of hanging the run (PostgreSQL waits for ever by default).
+DATABASES["default"]["OPTIONS"] = {**DATABASES["default"].get("OPTIONS", {}),
+                                   "options": "-c lock_timeout=120s"}
 CHANNEL_LAYERS = {
     "default": {
         "BACKEND": "channels_redis.core.RedisChannelLayer",
