@@ -16,7 +16,6 @@ lease held all along, so the reaper never billed it).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from typing import Awaitable, Callable
 
@@ -75,8 +74,7 @@ class KeepAlive:
                 except Exception as exc:  # noqa: BLE001 - next tick retries; TTL is the bound
                     logger.warning("could not refresh %s: %r", name, exc)
         finally:
-            if asyncio.current_task() is self._task:
-                self._task = None
+            self._task = None  # (stop() may have cleared it already)
             if not self._stopped:
                 self._timer = asyncio.get_running_loop().call_later(self._interval_s, self._due)
 

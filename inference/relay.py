@@ -80,9 +80,10 @@ class _Pump:
     """Runs the rest of a generation in its own task, buffering what it yields, so the writer
     can take everything produced since its last write at once.
 
-    The request's deadline is one timer for the whole stream (it wakes `take`, which then
-    raises TimeoutError), not an `asyncio.timeout_at` around every write: that cost a Timeout,
-    a TimerHandle and a heap push and cancel per frame set."""
+    The request's deadline is one timer for the whole stream, armed by the first `take` (a
+    relay never iterated holds nothing until then); it wakes `take`, which raises TimeoutError.
+    Before, an `asyncio.timeout_at` around every write cost a Timeout, a TimerHandle and a heap
+    push and cancel per frame set."""
 
     def __init__(self, items: AsyncIterator[Delta | Done], first: Delta | Done,
                  deadline: float):
@@ -93,7 +94,8 @@ class _Pump:
         self._error: BaseException | None = None
         self._task: asyncio.Task | None = None
         self._expired = False
-        self._deadline = asyncio.get_running_loop().call_at(deadline, self._expire)
+        self._deadline_at = deadline
+        self._deadline: asyncio.TimerHandle | None = None  # armed by the first take
 
     def _expire(self) -> None:
         self._expired = True
@@ -132,6 +134,8 @@ class _Pump:
     async def take(self) -> list[Delta | Done]:
         """Everything buffered since the last take (waits for at least one item); raises what
         the generation raised once its items are taken; TimeoutError past the deadline."""
+        if self._deadline is None:
+            self._deadline = asyncio.get_running_loop().call_at(self._deadline_at, self._expire)
         self._start()
         while not self._buffer:
             if self._expired:
@@ -148,13 +152,15 @@ class _Pump:
     async def finished(self) -> None:
         """Wait for the generation's own end (its usage, Idempotency-Key and bucket
         bookkeeping run after its last item)."""
-        self._deadline.cancel()
+        if self._deadline is not None:
+            self._deadline.cancel()
         if self._task is not None:
             await asyncio.wait([self._task])
         await self._items.aclose()  # the first item was the last: the task never ran
 
     async def cancel(self) -> None:
-        self._deadline.cancel()
+        if self._deadline is not None:
+            self._deadline.cancel()
         if self._task is not None:
             if not self._task.done():
                 self._task.cancel()

@@ -2,7 +2,6 @@
 run: tests.settings), and of the processes the tests start, also when the run is interrupted."""
 import io
 import signal
-import threading
 
 import pytest
 
@@ -19,27 +18,21 @@ def pytest_configure(config):
         signal.signal(sig, interrupt)
 
 
-@pytest.hookimpl(tryfirst=True)
+@pytest.hookimpl(wrapper=True)
 def pytest_timeout_set_timer(item, settings):
-    """pytest-timeout's signal method, plus the stack of every task of the running event loop:
-    a hung `await` shows only as the loop's select() in the threads' stacks."""
-    if settings.method != "signal" or threading.current_thread() is not threading.main_thread():
-        return None
-    import pytest_timeout
+    """pytest-timeout's own timer, its SIGALRM handler wrapped to first write the stack of every
+    task of the running event loop: a hung `await` shows only as the loop's select() in the
+    threads' stacks that pytest-timeout writes."""
+    result = yield
+    handler = signal.getsignal(signal.SIGALRM)
+    if settings.method == "signal" and callable(handler):
+        def with_tasks(signum, frame):
+            __tracebackhide__ = True
+            _dump_asyncio_tasks(item.config.get_terminal_writer())
+            handler(signum, frame)
 
-    def handler(signum, frame):
-        __tracebackhide__ = True
-        _dump_asyncio_tasks(item.config.get_terminal_writer())
-        pytest_timeout.timeout_sigalrm(item, settings)
-
-    def cancel():
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, signal.SIG_DFL)
-
-    item.cancel_timeout = cancel
-    signal.signal(signal.SIGALRM, handler)
-    signal.setitimer(signal.ITIMER_REAL, settings.timeout)
-    return True
+        signal.signal(signal.SIGALRM, with_tasks)
+    return result
 
 
 def _dump_asyncio_tasks(terminal) -> None:
