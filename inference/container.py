@@ -100,6 +100,8 @@ def build_container(tokenizers: TokenizerCache) -> Container:
         first_token_timeout=settings.TRITON_FIRST_TOKEN_TIMEOUT_SECONDS,
         token_timeout=settings.TRITON_TOKEN_TIMEOUT_SECONDS,
         access_token=settings.REPLICA_ACCESS_TOKEN,
+        calls_per_replica=settings.TRITON_CALLS_PER_REPLICA,
+        call_idle_s=settings.TRITON_CALL_IDLE_SECONDS,
     )
     router = Router(
         ReplicaDirectory(clock, settings.REGISTRY_CACHE_TTL_SECONDS),

@@ -19,6 +19,7 @@ agent refuses calls without it.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import os
 import struct
@@ -32,6 +33,7 @@ from tritonclient.utils import InferenceServerException
 from inference.replica_client import (
     ReplicaChunk,
     ReplicaDead,
+    ReplicaError,
     ReplicaRejected,
     ReplicaRequest,
     ReplicaRequestFailed,
@@ -39,6 +41,7 @@ from inference.replica_client import (
     ReplicaUnavailable,
     ReplicaUsage,
 )
+from inference.triton_calls import CallPool
 from replica.access import grpc_headers
 from replica.backend import error_messages
 
@@ -271,15 +274,23 @@ class _SilenceWatch:
 
 
 class TritonReplicaClient:
-    """One gRPC channel per replica address (channels are bound to the event loop that made
-    them, so one instance per loop: see inference.container)."""
+    """Requests to replicas over a few long-lived `ModelStreamInfer` calls per replica
+    address (inference/triton_calls.py), on one gRPC channel per address (channels and calls
+    are bound to the event loop that made them, so one instance per loop: see
+    inference.container). `calls_per_replica` 0: a call per request (the former way, kept
+    for comparison: `TRITON_CALLS_PER_REPLICA=0`)."""
 
-    def __init__(self, first_token_timeout: float, token_timeout: float, access_token: str = ""):
+    def __init__(self, first_token_timeout: float, token_timeout: float, access_token: str = "",
+                 calls_per_replica: int = 16, call_idle_s: float = 5.0):
         self._first_token_timeout = first_token_timeout
         self._token_timeout = token_timeout
         headers = grpc_headers(access_token)
         self._metadata = tuple(headers.items()) if headers else ()
+        self._calls_per_replica = calls_per_replica
+        self._call_idle_s = call_idle_s
         self._stubs: dict[str, tuple[grpc.aio.Channel, service_pb2_grpc.GRPCInferenceServiceStub]] = {}
+        self._pools: dict[str, CallPool] = {}
+        self._control_ids = itertools.count()
 
     def _stub(self, address: str) -> service_pb2_grpc.GRPCInferenceServiceStub:
         entry = self._stubs.get(address)
@@ -289,14 +300,86 @@ class TritonReplicaClient:
                                             service_pb2_grpc.GRPCInferenceServiceStub(channel))
         return entry[1]
 
+    def _pool(self, address: str) -> CallPool:
+        pool = self._pools.get(address)
+        if pool is None:
+            stub, metadata = self._stub(address), self._metadata
+            pool = self._pools[address] = CallPool(
+                lambda: stub.ModelStreamInfer(metadata=metadata), self._calls_per_replica,
+                self._call_idle_s)
+        return pool
+
     def _call(self, address: str, message):
-        """A ModelStreamInfer call sending `message` (grpc.aio writes it, then closes the
-        call's side, while the caller already waits for the first response) and its
-        responses' iterator."""
+        """A ModelStreamInfer call of its own sending `message` (grpc.aio writes it, then
+        closes the call's side, while the caller already waits for the first response) and
+        its responses' iterator."""
         call = self._stub(address).ModelStreamInfer((message,), metadata=self._metadata)
         return call, call.__aiter__()
 
-    async def stream(self, address: str, request: ReplicaRequest) -> AsyncIterator[ReplicaChunk]:
+    def stream(self, address: str, request: ReplicaRequest) -> AsyncIterator[ReplicaChunk]:
+        if self._calls_per_replica <= 0:
+            return self._stream_alone(address, request)
+        return self._stream_shared(address, request)
+
+    async def _stream_shared(self, address: str,
+                             request: ReplicaRequest) -> AsyncIterator[ReplicaChunk]:
+        request_id = request.request_id
+        call = self._pool(address).pick(request_id)
+        inbox = call.open(request_id)
+        call.send(build_request(request))
+        ended = False  # the replica ended the request (its final response, or an error)
+        watch = _SilenceWatch(self._first_token_timeout)
+        loop = watch._loop
+        current_task = asyncio.current_task
+        try:
+            while not ended:
+                if not inbox.responses:
+                    if inbox.error is not None:
+                        ended = True
+                        error = inbox.error
+                        raise error if isinstance(error, ReplicaError) else classify(error)
+                    # The first wait runs in the request's task, the rest in the relay's pump.
+                    task = current_task()
+                    if task is not watch.task:
+                        watch.bind(task)
+                    watch.since = watch.now()
+                    inbox.wait = loop.create_future()
+                    try:
+                        await inbox.wait
+                    except asyncio.CancelledError:
+                        if watch.expired():
+                            raise ReplicaUnavailable(
+                                f"no response from the replica for {watch.limit:g} s") from None
+                        raise
+                    finally:
+                        watch.since = None
+                        inbox.wait = None
+                    continue
+                responses, inbox.responses = inbox.responses, []
+                for response in responses:
+                    if response.error_message:
+                        ended = True
+                        raise classify(InferenceServerException(msg=response.error_message))
+                    chunk = parse_chunk(response.infer_response)
+                    ended = chunk.final
+                    if watch.limit != self._token_timeout:
+                        watch.set_limit(self._token_timeout)
+                    yield chunk
+                    if ended:
+                        break
+        finally:
+            watch.stop()
+            call.forget(request_id)
+            if not ended and call.error is None:
+                # Abandoned (client gone, a timeout, the caller closed the iterator): the
+                # replica stops generating it (the abort control request, on the same call;
+                # its answer is dropped). Cancelling the call would cancel every request on it.
+                abort = build_control_request(request.model_name, [request_id], True, 0.0)
+                abort.id = f"abort-{request_id}"
+                call.send(abort)
+
+    async def _stream_alone(self, address: str,
+                            request: ReplicaRequest) -> AsyncIterator[ReplicaChunk]:
         message = build_request(request)
         finished = False
         call, responses = self._call(address, message)
@@ -337,6 +420,35 @@ class TritonReplicaClient:
     async def usage(self, address: str, model_name: str, request_ids: list[str], *,
                     abort: bool = False, wait_s: float = 0.0) -> dict[str, ReplicaUsage]:
         message = build_control_request(model_name, request_ids, abort, wait_s)
+        if self._calls_per_replica <= 0:
+            return await self._usage_alone(address, message, request_ids, wait_s)
+        control_id = message.id = f"usage-{os.getpid()}-{next(self._control_ids)}"
+        call = self._pool(address).pick(control_id)
+        inbox = call.open(control_id)
+        call.send(message)
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(wait_s + self._token_timeout):
+                while not inbox.responses:
+                    if inbox.error is not None:
+                        error = inbox.error
+                        raise error if isinstance(error, ReplicaError) else classify(error)
+                    inbox.wait = loop.create_future()
+                    try:
+                        await inbox.wait
+                    finally:
+                        inbox.wait = None
+        except TimeoutError:
+            raise ReplicaUnavailable("no answer to a usage query") from None
+        finally:
+            call.forget(control_id)
+        response = inbox.responses[0]
+        if response.error_message:
+            raise classify(InferenceServerException(msg=response.error_message))
+        return parse_usage(response.infer_response, request_ids)
+
+    async def _usage_alone(self, address: str, message, request_ids: list[str],
+                           wait_s: float) -> dict[str, ReplicaUsage]:
         call, responses = self._call(address, message)
         try:
             async with asyncio.timeout(wait_s + self._token_timeout):
@@ -354,6 +466,9 @@ class TritonReplicaClient:
         return parse_usage(response.infer_response, request_ids)
 
     async def close(self) -> None:
+        pools, self._pools = self._pools, {}
+        for pool in pools.values():
+            pool.close()
         stubs, self._stubs = self._stubs, {}
         for channel, _ in stubs.values():
             await channel.close()

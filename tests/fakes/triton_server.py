@@ -89,8 +89,12 @@ def control_response(request, payload: dict):
     return service_pb2.ModelStreamInferResponse(infer_response=response)
 
 
-def error_response(message: str):
-    return service_pb2.ModelStreamInferResponse(error_message=message)
+def error_response(request, message: str):
+    """A request's failure, naming the request as Triton does (infer_response.id), so a call
+    carrying several requests tells whose it is."""
+    return service_pb2.ModelStreamInferResponse(
+        error_message=message,
+        infer_response=service_pb2.ModelInferResponse(model_name=request.model_name, id=request.id))
 
 
 @dataclass
@@ -103,6 +107,8 @@ class FakeState:
     usage: dict[str, dict] = field(default_factory=dict)  # request id -> ledger entry
     tasks: dict[str, asyncio.Task] = field(default_factory=dict)  # running, by request id
     arrived: asyncio.Event = field(default_factory=asyncio.Event)  # set by every generation
+    calls_open: int = 0  # ModelStreamInfer calls open now
+    calls_total: int = 0  # ModelStreamInfer calls ever opened
 
 
 class FakeTriton(service_pb2_grpc.GRPCInferenceServiceServicer):
@@ -121,21 +127,26 @@ class FakeTriton(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     async def ModelStreamInfer(self, request_iterator, context):
         queue: asyncio.Queue = asyncio.Queue()
-        tasks = []
+        tasks: set[asyncio.Task] = set()  # one per request in flight on this call
 
         async def reader():
             async for request in request_iterator:
-                tasks.append(asyncio.create_task(self._generate(request, queue)))
+                task = asyncio.create_task(self._generate(request, queue))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
             await asyncio.gather(*tasks, return_exceptions=True)
             await queue.put(None)
 
         read_task = asyncio.create_task(reader())
+        self.state.calls_open += 1
+        self.state.calls_total += 1
         try:
             while (item := await queue.get()) is not None:
                 yield item
         finally:
+            self.state.calls_open -= 1
             read_task.cancel()
-            for task in tasks:
+            for task in list(tasks):
                 task.cancel()
 
     async def _generate(self, request, queue: asyncio.Queue) -> None:
@@ -152,23 +163,23 @@ class FakeTriton(service_pb2_grpc.GRPCInferenceServiceServicer):
                                     "tenant": inputs["tenant"][0].decode() if "tenant" in inputs else "",
                                     "priority": int(inputs["priority"][0]) if "priority" in inputs else None})
         if request.model_name != self.model_name:
-            await queue.put(error_response(f"Request for unknown model: '{request.model_name}'"))
+            await queue.put(error_response(request, f"Request for unknown model: '{request.model_name}'"))
             return
         if self.state.engine_dead:
-            await queue.put(error_response("engine dead: the engine failed: RuntimeError('fake')"))
+            await queue.put(error_response(request, "engine dead: the engine failed: RuntimeError('fake')"))
             return
         if "[invalid]" in text:
-            await queue.put(error_response("invalid request: the fake refuses this prompt"))
+            await queue.put(error_response(request, "invalid request: the fake refuses this prompt"))
             return
         if "[request-failed]" in text:
-            await queue.put(error_response("request failed: the model produced non-finite logits"))
+            await queue.put(error_response(request, "request failed: the model produced non-finite logits"))
             return
         if "[kill-engine]" in text:
             self.state.engine_dead = True
-            await queue.put(error_response("engine failed: RuntimeError('fake kernel fault')"))
+            await queue.put(error_response(request, "engine failed: RuntimeError('fake kernel fault')"))
             return
         if self.state.fail_all or "[fail]" in text:
-            await queue.put(error_response("engine failure (fake)"))
+            await queue.put(error_response(request, "engine failure (fake)"))
             return
         num_in = len(inputs["input_ids"]) if "input_ids" in inputs else len(text.split())
         max_tokens = int(params.get("max_tokens", 16))
@@ -188,7 +199,7 @@ class FakeTriton(service_pb2_grpc.GRPCInferenceServiceServicer):
                 await asyncio.sleep(5.0)  # the fake's behaviour: a long prefill
             for index in range(limit):
                 if "[die-after-2]" in text and index == 2:
-                    await queue.put(error_response("engine died mid-stream (fake)"))
+                    await queue.put(error_response(request, "engine died mid-stream (fake)"))
                     return
                 last = index == limit - 1
                 entry["output_tokens"] = index + 1

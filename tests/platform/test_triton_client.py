@@ -125,3 +125,106 @@ async def test_engine_and_request_faults_are_told_apart(fake_replica):
         await collect(client, fake_replica.grpc_address, request())
     assert not refused.value.in_flight
     await client.close()
+
+
+def tagged(request_id: str, text: str = "hello", max_tokens: int = 3) -> ReplicaRequest:
+    return ReplicaRequest(request_id=request_id, model_name="chat-small", prompt_text=text,
+                          prompt_token_ids=(1, 2, 3), max_tokens=max_tokens, temperature=0.0,
+                          top_p=1.0, seed=None, stop=(), priority=0, tenant="7")
+
+
+async def test_concurrent_requests_share_a_few_long_lived_calls(fake_replica):
+    """Requests go over the pool's calls, each request's responses to itself (by id), and the
+    calls stay open for the next requests."""
+    client = TritonReplicaClient(first_token_timeout=10, token_timeout=10, calls_per_replica=4)
+    address = fake_replica.grpc_address
+    for _ in range(3):
+        results = await asyncio.gather(*(collect(client, address, tagged(f"r{i}", max_tokens=i + 1))
+                                         for i in range(12)))
+        for i, chunks in enumerate(results):
+            assert [c.text for c in chunks] == [f" t{k}" for k in range(i + 1)]
+            assert [c.final for c in chunks] == [False] * i + [True]
+            assert chunks[-1].num_output_tokens == i + 1
+    assert fake_replica.state.num_requests == 36
+    assert 1 <= fake_replica.state.calls_total <= 4
+    assert fake_replica.state.calls_open == fake_replica.state.calls_total
+    await client.close()
+
+
+async def test_one_request_s_failure_leaves_the_others_on_its_call(fake_replica):
+    client = TritonReplicaClient(first_token_timeout=10, token_timeout=10, calls_per_replica=1)
+    address = fake_replica.grpc_address
+    slow = asyncio.create_task(collect(client, address, tagged("slow", "[slow]", max_tokens=8)))
+    await asyncio.wait_for(fake_replica.state.arrived.wait(), 10)
+    with pytest.raises(ReplicaRejected, match="refuses"):
+        await collect(client, address, tagged("bad", "[invalid]"))
+    with pytest.raises(ReplicaRequestFailed, match="non-finite"):
+        await collect(client, address, tagged("failed", "[request-failed]"))
+    assert [c.text for c in await slow] == [f" t{k}" for k in range(8)]
+    assert fake_replica.state.calls_total == 1
+    await client.close()
+
+
+async def test_an_abandoned_request_is_aborted_alone(fake_replica):
+    """Closing one request's stream aborts it on the replica (the control request, on the
+    shared call); the other request on that call streams on to its end."""
+    client = TritonReplicaClient(first_token_timeout=10, token_timeout=10, calls_per_replica=1)
+    address = fake_replica.grpc_address
+    neighbour = asyncio.create_task(collect(client, address, tagged("next", "[slow]", max_tokens=6)))
+    async with aclosing(client.stream(address, tagged("gone", "[slow]", max_tokens=1000))) as chunks:
+        async for _ in chunks:
+            break
+    await async_wait_until(lambda: fake_replica.state.usage["gone"]["state"] == "finished", 5.0,
+                           "the replica aborting the abandoned request")
+    assert fake_replica.state.usage["gone"]["output_tokens"] < 1000
+    assert len(await neighbour) == 6
+    assert fake_replica.state.calls_total == 1
+    await client.close()
+
+
+async def test_a_lost_replica_fails_every_request_on_the_call_then_a_new_call_serves(fake_replica):
+    client = TritonReplicaClient(first_token_timeout=10, token_timeout=10, calls_per_replica=1)
+    address = fake_replica.grpc_address
+    assert len(await collect(client, address, tagged("before"))) == 3
+    streams = [asyncio.create_task(collect(client, address, tagged(f"s{i}", "[slow]", 1000)))
+               for i in range(3)]
+    await async_wait_until(lambda: fake_replica.state.num_running == 3, 5.0, "three streams running")
+    await fake_replica.server.stop(grace=None)
+    for stream in streams:
+        with pytest.raises(ReplicaUnavailable):
+            await stream
+    with pytest.raises(ReplicaUnavailable):
+        await collect(client, address, tagged("after"))
+    await client.close()
+
+
+async def test_usage_queries_go_over_the_shared_calls(fake_replica):
+    client = TritonReplicaClient(first_token_timeout=10, token_timeout=10, calls_per_replica=2)
+    address = fake_replica.grpc_address
+    await collect(client, address, tagged("done", max_tokens=2))
+    usage = await client.usage(address, "chat-small", ["done", "never"])
+    assert usage["done"].state == "finished" and usage["done"].output_tokens == 2
+    assert usage["never"].state == "unknown"
+    assert fake_replica.state.calls_total <= 2
+    await client.close()
+
+
+async def test_idle_calls_are_closed(fake_replica):
+    client = TritonReplicaClient(first_token_timeout=10, token_timeout=10, calls_per_replica=2,
+                                 call_idle_s=0.2)
+    await collect(client, fake_replica.grpc_address, tagged("one"))
+    assert fake_replica.state.calls_open == 1
+    await async_wait_until(lambda: fake_replica.state.calls_open == 0, 5.0,
+                           "the idle call closed by the client")
+    assert len(await collect(client, fake_replica.grpc_address, tagged("two"))) == 3
+    assert fake_replica.state.calls_total == 2
+    await client.close()
+
+
+async def test_a_call_per_request_when_sharing_is_off(fake_replica):
+    client = TritonReplicaClient(first_token_timeout=10, token_timeout=10, calls_per_replica=0)
+    address = fake_replica.grpc_address
+    await asyncio.gather(*(collect(client, address, tagged(f"r{i}")) for i in range(5)))
+    assert fake_replica.state.calls_total == 5
+    assert await client.usage(address, "chat-small", ["r0"]) is not None
+    await client.close()
