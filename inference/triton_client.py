@@ -281,7 +281,7 @@ class TritonReplicaClient:
     for comparison: `TRITON_CALLS_PER_REPLICA=0`)."""
 
     def __init__(self, first_token_timeout: float, token_timeout: float, access_token: str = "",
-                 calls_per_replica: int = 16, call_idle_s: float = 5.0):
+                 calls_per_replica: int = 16, call_idle_s: float = 1.0):
         self._first_token_timeout = first_token_timeout
         self._token_timeout = token_timeout
         headers = grpc_headers(access_token)
@@ -468,7 +468,7 @@ class TritonReplicaClient:
     async def close(self) -> None:
         pools, self._pools = self._pools, {}
         for pool in pools.values():
-            pool.close()
+            await pool.close()
         stubs, self._stubs = self._stubs, {}
         for channel, _ in stubs.values():
             await channel.close()

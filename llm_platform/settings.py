@@ -275,7 +275,7 @@ TRITON_TOKEN_TIMEOUT_SECONDS = env_float("TRITON_TOKEN_TIMEOUT_SECONDS", 60.0)
 # (inference/triton_calls.py), each closed after TRITON_CALL_IDLE_SECONDS without a request.
 # 0: one call per request (the former way).
 TRITON_CALLS_PER_REPLICA = env_int("TRITON_CALLS_PER_REPLICA", 16)
-TRITON_CALL_IDLE_SECONDS = env_float("TRITON_CALL_IDLE_SECONDS", 5.0)
+TRITON_CALL_IDLE_SECONDS = env_float("TRITON_CALL_IDLE_SECONDS", 1.0)
 
 # A client's X-Request-Id is kept if no request used it within this long (else a fresh id).
 REQUEST_ID_CLAIM_SECONDS = env_int("REQUEST_ID_CLAIM_SECONDS", 24 * 3600)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import signal
 import socket
 import urllib.error
 import urllib.request
@@ -23,6 +24,7 @@ from inference.triton_client import TritonReplicaClient  # noqa: E402
 from replica.access import GRPC_HEADER, HEADER_KEY, TOKEN_ENV, access_token  # noqa: E402
 from scripts.services import free_ports  # noqa: E402
 from tests.support.processes import REPO, start, wait_until  # noqa: E402
+from tests.support.waiting import async_wait_until  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
@@ -252,3 +254,29 @@ def test_the_token_is_not_on_the_launcher_command_line(server):
     cmdline = (f"/proc/{server.proc.popen.pid}/cmdline")
     with open(cmdline, "rb") as fh:
         assert TOKEN.encode() not in fh.read()
+
+
+def test_the_platform_s_idle_call_is_closed_so_the_replica_stops_cleanly(server):
+    """Runs last (it stops the replica). The platform's client keeps its calls to a replica
+    open between requests; Triton 2.51 does not unload a model while a call is open (a stop
+    then waited for the launcher's unload timeout and killed tritonserver). The client closes
+    a call idle for `call_idle_s`: the replica, stopped while the client is still alive and
+    has served it, drains and stops with tritonserver's own exit."""
+    async def serve_then_stop() -> None:
+        client = TritonReplicaClient(first_token_timeout=120, token_timeout=60,
+                                     access_token=TOKEN, call_idle_s=0.5)
+        request = ReplicaRequest(request_id="access-idle", model_name=MODEL, prompt_text="Hello",
+                                 prompt_token_ids=None, max_tokens=2, temperature=0.0, top_p=1.0,
+                                 seed=0, stop=(), priority=1, tenant="t1")
+        chunks = [chunk async for chunk in client.stream(server.grpc_url, request)]
+        assert chunks[-1].final
+        pool = client._pools[server.grpc_url]
+        await async_wait_until(lambda: not pool.calls, 10.0, "the idle call closed")
+        server.proc.popen.send_signal(signal.SIGTERM)
+        await asyncio.to_thread(server.proc.popen.wait, 60)
+        await client.close()
+
+    asyncio.run(serve_then_stop())
+    log = server.proc.log_tail(100_000)
+    assert "replica stopped: drained=True tritonserver exit code 0" in log, log[-3000:]
+    assert "killed it" not in log
