@@ -71,9 +71,11 @@ class Batch:
         """Send, then await every part's `finish`. Past `timeout_s` the pipeline counts as
         failed (its commands may still have run: a part's fallback must bear that)."""
         try:
-            results = (await asyncio.wait_for(self.pipe.execute(raise_on_error=False),
-                                              timeout_s)
-                       if self.pipe.command_stack else [])
+            if self.pipe.command_stack:
+                async with asyncio.timeout(timeout_s):  # no task of its own, as wait_for's
+                    results = await self.pipe.execute(raise_on_error=False)
+            else:
+                results = []
         except (RedisError, OSError, asyncio.TimeoutError) as exc:
             for _, _, finish in self._parts:
                 await finish([exc])
