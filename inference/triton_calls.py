@@ -84,6 +84,11 @@ class SharedCall:
         if not inboxes:
             self.idle_since = self._loop.time()
 
+    def flushed(self) -> bool:
+        """Nothing queued or being written (an abandoned request's abort goes out before the
+        call is closed)."""
+        return self._writer is None and not self._outbox
+
     def send(self, message) -> None:
         """Queues `message` for this call (in order); the writer task sends it."""
         self._outbox.append(message)
@@ -214,7 +219,8 @@ class CallPool:
         self._reaper = None
         now = asyncio.get_running_loop().time()
         for call in list(self.calls):
-            if call.idle_since is not None and now - call.idle_since >= self._idle_s:
+            if call.idle_since is not None and now - call.idle_since >= self._idle_s \
+                    and call.flushed():
                 call.close_when_idle()
         if self.calls:
             self._arm_reaper()
