@@ -187,6 +187,25 @@ def parse_chunk(response) -> ReplicaChunk:
     )
 
 
+def _chunk_of(response) -> ReplicaChunk:
+    """A ModelStreamInferResponse as a chunk; its error message raised as the replica's
+    error."""
+    if response.error_message:
+        raise classify(InferenceServerException(msg=response.error_message))
+    return parse_chunk(response.infer_response)
+
+
+def _own(error: BaseException) -> Exception:
+    """A shared call's end as this request's error: a copy of its ReplicaError (the one
+    instance is not raised in every request's task), or the gRPC error classified."""
+    if not isinstance(error, ReplicaError):
+        return classify(error)
+    try:
+        return type(error)(*error.args)
+    except TypeError:  # an error class with other arguments: the one instance, then
+        return error
+
+
 def classify(error: Exception) -> Exception:
     text = error.details() if isinstance(error, grpc.aio.AioRpcError) else str(error)
     if RESTRICTED in (text or ""):
@@ -248,6 +267,11 @@ class _SilenceWatch:
         self.limit = limit
         self.stop()
         self._handle = self._loop.call_at(self.now() + limit, self._check)
+
+    def answered(self, token_limit: float) -> None:
+        """A response came: from now on the limit is the one between tokens."""
+        if self.limit != token_limit:
+            self.set_limit(token_limit)
 
     def _check(self) -> None:
         since, now = self.since, self.now()
@@ -337,7 +361,7 @@ class TritonReplicaClient:
                     if inbox.error is not None:
                         ended = True
                         error = inbox.error
-                        raise error if isinstance(error, ReplicaError) else classify(error)
+                        raise _own(error)
                     # The first wait runs in the request's task, the rest in the relay's pump.
                     task = current_task()
                     if task is not watch.task:
@@ -357,13 +381,10 @@ class TritonReplicaClient:
                     continue
                 responses, inbox.responses = inbox.responses, []
                 for response in responses:
-                    if response.error_message:
-                        ended = True
-                        raise classify(InferenceServerException(msg=response.error_message))
-                    chunk = parse_chunk(response.infer_response)
+                    ended = True  # an error reply ends the request too
+                    chunk = _chunk_of(response)
                     ended = chunk.final
-                    if watch.limit != self._token_timeout:
-                        watch.set_limit(self._token_timeout)
+                    watch.answered(self._token_timeout)
                     yield chunk
                     if ended:
                         break
@@ -405,12 +426,9 @@ class TritonReplicaClient:
                     raise classify(exc) from exc
                 finally:
                     watch.since = None
-                if response.error_message:
-                    raise classify(InferenceServerException(msg=response.error_message))
-                chunk = parse_chunk(response.infer_response)
+                chunk = _chunk_of(response)
                 finished = chunk.final
-                if watch.limit != self._token_timeout:
-                    watch.set_limit(self._token_timeout)
+                watch.answered(self._token_timeout)
                 yield chunk
         finally:
             watch.stop()
@@ -432,7 +450,7 @@ class TritonReplicaClient:
                 while not inbox.responses:
                     if inbox.error is not None:
                         error = inbox.error
-                        raise error if isinstance(error, ReplicaError) else classify(error)
+                        raise _own(error)
                     inbox.wait = loop.create_future()
                     try:
                         await inbox.wait
