@@ -21,7 +21,6 @@ command line); platform secrets are removed from the replica's environment.
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import ipaddress
 import logging
 import os
@@ -40,6 +39,7 @@ from typing import Callable
 
 from django.db import close_old_connections, connection
 
+from common.parent_death import dies_with_parent
 from fleet.gpus import Gpu, discover as discover_gpus
 from fleet.lifecycle import transition
 from models_registry.models import Replica
@@ -189,11 +189,6 @@ def pick_ports(count: int, bind_address: str, port_range: tuple[int, int] | None
                 return ports
     raise OSError(f"no {count} free ports left in {low}-{high} on {bind_address}: widen "
                   "REPLICA_PORT_RANGE or run fewer replicas on this node")
-
-
-def _die_with_parent() -> None:
-    libc = ctypes.CDLL("libc.so.6", use_errno=True)
-    libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG: the launcher drains and stops its server
 
 
 async def _warm_up(grpc_address: str, model_name: str, access_token: str) -> None:
@@ -346,9 +341,9 @@ class NodeAgent:
         command += extra_args
         env = {**replica_environment(dict(os.environ), self.config.access_token), **extra_env}
         with open(log_path, "ab") as log:
-            popen = subprocess.Popen(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent,
-                                     env=env)
+            # The launcher gets SIGTERM if the agent dies (it drains and stops its server).
+            popen = subprocess.Popen(dies_with_parent(command), cwd=REPO, stdout=log,
+                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
         child = Child(replica_id, popen, log_path, version.model.name, f"{address}:{grpc_port}",
                       self._clock(), ports=(grpc_port, http_port, metrics_port))
         child.thread = threading.Thread(target=self._watch, args=(child,), daemon=True,

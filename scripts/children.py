@@ -2,7 +2,8 @@
 
 A child started with `spawn` runs in its own process group (so stopping it stops what it
 started too: daphne's workers, tritonserver under replica.launch) and gets SIGTERM from the
-kernel if its parent dies, even by SIGKILL (Linux PR_SET_PDEATHSIG). `Children.stop_all` runs
+kernel if its parent dies, even by SIGKILL (Linux PR_SET_PDEATHSIG, set by `setpriv`:
+common/parent_death.py). `Children.stop_all` runs
 at exit, and `stop_on_signals` turns SIGTERM/SIGHUP into SystemExit, so `finally` blocks and
 pytest finalizers run when a run is interrupted instead of leaving daphne and replicas behind
 (an interrupted fairness benchmark left both running before).
@@ -10,22 +11,12 @@ pytest finalizers run when a run is interrupted instead of leaving daphne and re
 from __future__ import annotations
 
 import atexit
-import ctypes
 import os
 import signal
 import subprocess
-import sys
 import threading
 
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:  # runs in the child between fork and exec
-    if sys.platform.startswith("linux"):
-        try:
-            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-        except OSError:
-            pass
+from common.parent_death import dies_with_parent
 
 
 def stop_group(popen: subprocess.Popen, timeout_s: float = 20.0) -> None:
@@ -56,9 +47,11 @@ class Children:
 
     def spawn(self, args: list[str], **kwargs) -> subprocess.Popen:
         kwargs.setdefault("start_new_session", True)
-        # PDEATHSIG fires when the forking *thread* ends: only from the main thread.
+        # PDEATHSIG fires when the forking *thread* ends: only from the main thread. Set by
+        # `setpriv` in the child, not by Python code between fork and exec
+        # (common/parent_death.py).
         main = threading.current_thread() is threading.main_thread()
-        popen = subprocess.Popen(args, preexec_fn=_die_with_parent if main else None, **kwargs)
+        popen = subprocess.Popen(dies_with_parent(args) if main else args, **kwargs)
         with self._lock:
             self._procs = [p for p in self._procs if p.poll() is None] + [popen]
         return popen
