@@ -49,6 +49,14 @@ class Inbox:
         self.wait: asyncio.Future | None = None
         self.error: BaseException | None = None
 
+    async def arrival(self) -> None:
+        """Until the reader hands over a response or the call's end."""
+        self.wait = asyncio.get_running_loop().create_future()
+        try:
+            await self.wait
+        finally:
+            self.wait = None
+
     def _wake(self) -> None:
         wait = self.wait
         if wait is not None and not wait.done():
@@ -67,6 +75,7 @@ class SharedCall:
         self.error: BaseException | None = None
         self._outbox: list = []
         self._writer: asyncio.Task | None = None
+        self._closer: asyncio.Task | None = None  # held: the loop keeps only weak references
         self._reader = self._loop.create_task(self._read())
 
     def __len__(self) -> int:
@@ -153,7 +162,7 @@ class SharedCall:
         """Ends the call from our side (no request is on it): the replica then ends it."""
         self.closing = True
         self._on_end(self)
-        self._loop.create_task(self.end())
+        self._closer = self._loop.create_task(self.end())
 
     async def end(self, timeout_s: float = 2.0) -> None:
         """Half-closes the call and waits (at most `timeout_s`) for the replica to end it;

@@ -200,10 +200,7 @@ def _own(error: BaseException) -> Exception:
     instance is not raised in every request's task), or the gRPC error classified."""
     if not isinstance(error, ReplicaError):
         return classify(error)
-    try:
-        return type(error)(*error.args)
-    except TypeError:  # an error class with other arguments: the one instance, then
-        return error
+    return type(error)(*error.args)  # triton_calls ends calls with one-message errors
 
 
 def classify(error: Exception) -> Exception:
@@ -353,23 +350,20 @@ class TritonReplicaClient:
         call.send(build_request(request))
         ended = False  # the replica ended the request (its final response, or an error)
         watch = _SilenceWatch(self._first_token_timeout)
-        loop = watch._loop
         current_task = asyncio.current_task
         try:
             while not ended:
                 if not inbox.responses:
                     if inbox.error is not None:
                         ended = True
-                        error = inbox.error
-                        raise _own(error)
+                        raise _own(inbox.error)
                     # The first wait runs in the request's task, the rest in the relay's pump.
                     task = current_task()
                     if task is not watch.task:
                         watch.bind(task)
                     watch.since = watch.now()
-                    inbox.wait = loop.create_future()
                     try:
-                        await inbox.wait
+                        await inbox.arrival()
                     except asyncio.CancelledError:
                         if watch.expired():
                             raise ReplicaUnavailable(
@@ -377,7 +371,6 @@ class TritonReplicaClient:
                         raise
                     finally:
                         watch.since = None
-                        inbox.wait = None
                     continue
                 responses, inbox.responses = inbox.responses, []
                 for response in responses:
@@ -444,18 +437,12 @@ class TritonReplicaClient:
         call = self._pool(address).pick(control_id)
         inbox = call.open(control_id)
         call.send(message)
-        loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(wait_s + self._token_timeout):
                 while not inbox.responses:
                     if inbox.error is not None:
-                        error = inbox.error
-                        raise _own(error)
-                    inbox.wait = loop.create_future()
-                    try:
-                        await inbox.wait
-                    finally:
-                        inbox.wait = None
+                        raise _own(inbox.error)
+                    await inbox.arrival()
         except TimeoutError:
             raise ReplicaUnavailable("no answer to a usage query") from None
         finally:

@@ -226,5 +226,7 @@ async def test_a_call_per_request_when_sharing_is_off(fake_replica):
     address = fake_replica.grpc_address
     await asyncio.gather(*(collect(client, address, tagged(f"r{i}")) for i in range(5)))
     assert fake_replica.state.calls_total == 5
-    assert await client.usage(address, "chat-small", ["r0"]) is not None
+    usage = await client.usage(address, "chat-small", ["r0"])
+    assert usage["r0"].state == "finished" and usage["r0"].output_tokens == 3
+    assert fake_replica.state.calls_total == 6  # the query had a call of its own too
     await client.close()
