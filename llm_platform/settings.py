@@ -263,6 +263,10 @@ ROUTER_CIRCUIT_TRIAL_TIMEOUT_SECONDS = env_float(
 # Model versions and ready-replica lists are read from PostgreSQL at most this often per process
 # (a registry change reaches every process within this time).
 REGISTRY_CACHE_TTL_SECONDS = env_float("REGISTRY_CACHE_TTL_SECONDS", 1.0)
+# A cached registry entry asked for in the last quarter of its TTL is read again in the
+# background (common/ttl_cache.py): under steady traffic no request waits for PostgreSQL.
+# 0: each request that finds an entry expired reads it (the former way).
+REGISTRY_CACHE_REFRESH_AHEAD = env_bool("REGISTRY_CACHE_REFRESH_AHEAD", True)
 # Encoded pieces of chat prompts (a system message, earlier turns: the text between the
 # tokenizer's special tokens) kept per process and tokenizer, per tenant, up to this many
 # characters, each entry counting 64 more (inference/prompt_segments.py; the same ids as

@@ -73,6 +73,130 @@ async def test_ttl_cache_drops_everything_when_full():
     assert cache._held.keys() == {3}
 
 
+
+@pytest.mark.asyncio
+async def test_ttl_cache_refreshes_ahead_in_the_background_and_no_caller_waits():
+    clock, loads = Clock(), []
+    gate = asyncio.Event()
+
+    async def load(key):
+        loads.append(("load", clock.now))
+        return f"{key}@{clock.now}"
+
+    async def refresh(key):
+        loads.append(("refresh", clock.now))
+        await gate.wait()  # the source is slow: callers keep getting the held value
+        return f"{key}@refreshed-{clock.now}"
+
+    cache = TtlCache(load, clock, ttl_s=4.0, refresh_after_s=3.0, refresh=refresh)
+    assert await cache.get("a") == "a@0.0"
+    clock.now = 2.9
+    assert await cache.get("a") == "a@0.0"  # not yet due
+    assert loads == [("load", 0.0)]
+    clock.now = 3.0
+    assert await cache.get("a") == "a@0.0"  # due: held value now, a reload started
+    clock.now = 3.5
+    assert await cache.get("a") == "a@0.0"  # one reload at a time
+    await asyncio.sleep(0)
+    assert loads == [("load", 0.0), ("refresh", 3.5)]
+    gate.set()
+    await cache.refreshed()
+    # The reload replaced the value; its age counts from when it was started (3.0).
+    clock.now = 6.9
+    assert await cache.get("a") == "a@refreshed-3.5"  # due again (3.9 old): another reload
+    await asyncio.sleep(0)
+    assert loads == [("load", 0.0), ("refresh", 3.5), ("refresh", 6.9)]
+    await cache.refreshed()
+
+
+@pytest.mark.asyncio
+async def test_ttl_cache_refresh_ahead_keeps_the_ttl_invariant_when_a_reload_is_slow_or_fails():
+    clock = Clock()
+    gate = asyncio.Event()
+    fail = {"on": False}
+
+    async def load(key):
+        return ("loaded", clock.now)
+
+    async def refresh(key):
+        started = clock.now
+        await gate.wait()
+        if fail["on"]:
+            raise RuntimeError("PostgreSQL away")
+        return ("refreshed", started)
+
+    cache = TtlCache(load, clock, ttl_s=4.0, refresh_after_s=3.0, refresh=refresh)
+    await cache.get("a")
+    clock.now = 3.0
+    await cache.get("a")  # a reload starts, and hangs
+    clock.now = 4.0  # expired: the caller loads it itself, never an older value
+    assert await cache.get("a") == ("loaded", 4.0)
+    gate.set()
+    await cache.refreshed()  # the reload read at 3.0 lands after a newer load: discarded
+    assert await cache.get("a") == ("loaded", 4.0)
+    # A failing reload leaves the value to expire; the next caller then loads it.
+    fail["on"] = True
+    clock.now = 7.0
+    assert await cache.get("a") == ("loaded", 4.0)
+    await cache.refreshed()
+    clock.now = 7.5
+    assert await cache.get("a") == ("loaded", 4.0)  # still fresh, no reload piles up
+    clock.now = 8.0
+    assert await cache.get("a") == ("loaded", 8.0)
+    await cache.refreshed()
+
+
+@pytest.mark.asyncio
+async def test_ttl_cache_a_reload_started_before_forget_is_discarded():
+    clock = Clock()
+    gate = asyncio.Event()
+    source = {"value": "revoked-later"}
+
+    async def load(key):
+        return source["value"]
+
+    async def refresh(key):
+        value = source["value"]  # read before the invalidation
+        await gate.wait()
+        return value
+
+    cache = TtlCache(load, clock, ttl_s=4.0, refresh_after_s=3.0, refresh=refresh)
+    await cache.get("k")
+    clock.now = 3.0
+    await cache.get("k")  # reload in flight with the old value
+    source["value"] = "new"
+    cache.forget("k")  # invalidation from outside
+    assert await cache.get("k") == "new"
+    gate.set()
+    await cache.refreshed()
+    assert await cache.get("k") == "new"  # the reload's older read did not come back
+
+
+@pytest.mark.asyncio
+async def test_ttl_cache_reloads_in_a_context_of_their_own():
+    import contextvars
+    request_id = contextvars.ContextVar("request_id", default=None)
+    seen = []
+    clock = Clock()
+
+    async def load(key):
+        return key
+
+    async def refresh(key):
+        seen.append(request_id.get())
+        return key
+
+    cache = TtlCache(load, clock, ttl_s=4.0, refresh_after_s=3.0, refresh=refresh)
+    request_id.set("req-1")
+    await cache.get("x")
+    clock.now = 3.0
+    await cache.get("x")
+    await cache.refreshed()
+    assert seen == [None]  # not the request's context (its ORM thread, deadline, logging)
+    with pytest.raises(ValueError):
+        TtlCache(load, clock, ttl_s=4.0, stamp=lambda v: 0.0, refresh_after_s=3.0)
+
+
 def test_per_loop_gives_each_loop_its_own_object():
     made = []
     holder = PerLoop(lambda: made.append(object()) or made[-1])

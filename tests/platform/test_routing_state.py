@@ -1,5 +1,7 @@
 """The router's shared state in the real Redis: prefix index, circuit breaker, replica signals,
 routing counters; the platform's block hashes against the engine's own prefix cache."""
+import asyncio
+
 import pytest
 import pytest_asyncio
 import redis.asyncio as aioredis
@@ -221,6 +223,37 @@ async def test_routing_policy_change_reaches_the_catalog_within_the_ttl(model_ve
     assert (await catalog.get("chat-small", tenant.pk)).routing_policy == "balanced"  # cached
     clock.now += 1.0
     assert (await catalog.get("chat-small", tenant.pk)).routing_policy == "round_robin"
+
+
+@pytestmark_db
+@pytest.mark.asyncio
+async def test_catalog_reloads_ahead_off_the_request_and_gives_its_connection_back(
+        model_version, tenant):
+    """The request path's registry caches read PostgreSQL again in the background before the
+    value expires (REGISTRY_CACHE_REFRESH_AHEAD): the request that finds it due gets the held
+    value at once, and the reload's connection goes back to the pool."""
+    import contextvars
+
+    from django.db import connection
+
+    from inference.router import ServingCatalog
+
+    clock = Clock()
+    catalog = ServingCatalog(clock, ttl_seconds=1.0, refresh_after_s=0.75)
+    assert (await catalog.get("chat-small", tenant.pk)).routing_policy == "balanced"
+    await Model.objects.filter(name="chat-small").aupdate(routing_policy="round_robin")
+    clock.now += 0.75
+    assert (await catalog.get("chat-small", tenant.pk)).routing_policy == "balanced"  # held
+    await catalog._cache.refreshed()
+    clock.now += 0.2  # 0.95 s after the first read: fresh, and read again by the reload
+    assert (await catalog.get("chat-small", tenant.pk)).routing_policy == "round_robin"
+
+    def held_connection() -> bool:  # on the thread the reload ran on
+        return connection.connection is not None
+
+    check = asyncio.get_running_loop().create_task(sync_to_async(held_connection)(),
+                                                   context=contextvars.Context())
+    assert await check is False
 
 
 @pytestmark_db
