@@ -22,6 +22,7 @@ from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: 
 from django.urls import get_resolver  # noqa: E402
 
 from consoles.ws_routing import websocket_urlpatterns as console_ws  # noqa: E402
+from inference.views.direct import DirectGeneration  # noqa: E402
 from inference.ws_routing import websocket_urlpatterns  # noqa: E402
 from llm_platform.request_heads import answer_overlong_lines, leave_bodies_to_the_app  # noqa: E402
 
@@ -35,10 +36,13 @@ get_resolver().url_patterns  # imports every view module now rather than at the 
 gc.collect()
 gc.freeze()
 
+http_app = ASGIStaticFilesHandler(django_asgi_app) if settings.SERVE_STATIC else django_asgi_app
+if settings.API_DIRECT_PATH:  # the generation endpoints past Django's handler (same replies)
+    http_app = DirectGeneration(http_app)
+
 application = ProtocolTypeRouter(
     {
-        "http": ASGIStaticFilesHandler(django_asgi_app) if settings.SERVE_STATIC
-        else django_asgi_app,
+        "http": http_app,
         "websocket": URLRouter(websocket_urlpatterns + console_ws),
     }
 )

@@ -38,7 +38,9 @@ from django.urls import set_script_prefix
 _DJANGOS_OWN = frozenset({reset_queries, close_old_connections, close_caches, reset_urlconf})
 
 
-def _only_djangos(signal) -> bool:
+def only_djangos(signal) -> bool:
+    """Whether only Django's own receivers listen to `signal` (also read by
+    inference/views/direct.py)."""
     sync_receivers, async_receivers = signal._live_receivers(None)
     return not async_receivers and all(r in _DJANGOS_OWN for r in sync_receivers)
 
@@ -56,7 +58,7 @@ class InlineSignalsASGIHandler(ASGIHandler):
         except RequestAborted:
             return
         set_script_prefix(get_script_prefix(scope))
-        if _only_djangos(signals.request_started):  # changed: inline, no thread
+        if only_djangos(signals.request_started):  # changed: inline, no thread
             signals.request_started.send(sender=self.__class__, scope=scope)
         else:
             await signals.request_started.asend(sender=self.__class__, scope=scope)
@@ -102,7 +104,7 @@ class InlineSignalsASGIHandler(ASGIHandler):
             await signals.request_finished.asend(sender=self.__class__)
         else:
             # changed: inline when the request never needed its thread
-            if not _request_thread_started() and _only_djangos(signals.request_finished):
+            if not _request_thread_started() and only_djangos(signals.request_finished):
                 response.close()
             else:
                 await sync_to_async(response.close)()

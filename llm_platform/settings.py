@@ -218,6 +218,10 @@ LOGGING = logging_config(env_str("LOG_LEVEL", "INFO"), env_str("LOG_FORMAT", "au
 # --- The customer API -------------------------------------------------------------------------
 # Bodies over this many bytes get 413 (Django's own limit is aligned so it never answers 400).
 API_MAX_BODY_BYTES = env_int("API_MAX_BODY_BYTES", 1024 * 1024)
+# POST /v1/generate, /v1/chat/completions and /v1/completions served straight from ASGI, past
+# Django's handler and middleware, with the same replies (inference/views/direct.py). 0: through
+# Django like every other path.
+API_DIRECT_PATH = env_bool("API_DIRECT_PATH", True)
 DATA_UPLOAD_MAX_MEMORY_SIZE = API_MAX_BODY_BYTES
 # /healthz also reports the answering process's id (tests and benchmarks that check several API
 # processes share one port; off in deployments).

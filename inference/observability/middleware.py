@@ -66,36 +66,48 @@ class RequestContextMiddleware:
 
     async def _acall(self, request):
         started = time.perf_counter()
-        container = current_container()
-        client_value = request.headers.get(request_ids.HEADER)
-        request_id, kept = await request_ids.claim(
-            container.redis, container.key_prefix, client_value,
-            settings.REQUEST_ID_CLAIM_SECONDS) if client_value else (
-            request_ids.new_request_id(), False)
-        # Not reset on return: a streamed body is sent after this returns, in the same task
-        # (each HTTP request has its own task, so nothing leaks to the next request).
-        request_ids.set_current_request_id(request_id)
-        clear_request_context()
-        bind_request_context(request_id=request_id)
-        if client_value and not kept:
-            logger.info("X-Request-Id not kept (malformed or already used); using a new id",
-                        extra={"client_request_id": client_value[:200]})
+        request_id = await begin_request(request.headers.get(request_ids.HEADER))
         response = await self.get_response(request)
         response[request_ids.HEADER] = request_id
-        self._record(request, response, time.perf_counter() - started)
+        record_response(route_of(request), request.method, response,
+                        time.perf_counter() - started)
         return response
 
-    def _record(self, request, response, elapsed_s: float) -> None:
-        route = route_of(request)
-        method = request.method if request.method in METHODS else OTHER
-        status = response.status_code
-        batch = Batch()
-        batch.inc(f.HTTP_REQUESTS, {"route": route, "method": method, "status": status})
-        batch.observe(f.HTTP_DURATION, {"route": route, "method": method}, elapsed_s)
-        if status >= 400:
-            batch.inc(f.REFUSALS, {"route": route, "status": status,
-                                   "reason": error_code(response)})
-        try:
-            current_buffer().add(batch)  # written in the background: the reply does not wait
-        except Exception:  # noqa: BLE001 - metrics are best effort
-            logger.warning("HTTP metrics not recorded", exc_info=True)
+
+async def begin_request(client_value: str | None) -> str:
+    """The request's id (the client's X-Request-Id when well formed and not used before, else
+    a fresh one), set for this task and bound to its log context. Also called by the API's
+    direct ASGI path (inference/views/direct.py)."""
+    if client_value:
+        container = current_container()
+        request_id, kept = await request_ids.claim(
+            container.redis, container.key_prefix, client_value,
+            settings.REQUEST_ID_CLAIM_SECONDS)
+    else:
+        request_id, kept = request_ids.new_request_id(), False
+    # Not reset on return: a streamed body is sent after this returns, in the same task
+    # (each HTTP request has its own task, so nothing leaks to the next request).
+    request_ids.set_current_request_id(request_id)
+    clear_request_context()
+    bind_request_context(request_id=request_id)
+    if client_value and not kept:
+        logger.info("X-Request-Id not kept (malformed or already used); using a new id",
+                    extra={"client_request_id": client_value[:200]})
+    return request_id
+
+
+def record_response(route: str, method: str, response, elapsed_s: float) -> None:
+    """Count one HTTP reply (route pattern, method, status; time to its headers; an error's
+    code as a refusal reason), written in the background: the reply does not wait."""
+    method = method if method in METHODS else OTHER
+    status = response.status_code
+    batch = Batch()
+    batch.inc(f.HTTP_REQUESTS, {"route": route, "method": method, "status": status})
+    batch.observe(f.HTTP_DURATION, {"route": route, "method": method}, elapsed_s)
+    if status >= 400:
+        batch.inc(f.REFUSALS, {"route": route, "status": status,
+                               "reason": error_code(response)})
+    try:
+        current_buffer().add(batch)
+    except Exception:  # noqa: BLE001 - metrics are best effort
+        logger.warning("HTTP metrics not recorded", exc_info=True)
