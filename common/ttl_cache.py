@@ -4,7 +4,8 @@ The request path's in-process caches of PostgreSQL reads (serving versions, read
 live rollouts) are all this one class.
 
 Invariants:
-- a value returned was loaded at most `ttl_s` ago by the clock (0 = never reused);
+- a value returned was loaded at most `ttl_s` ago by the clock (0 = never reused), except
+  while it is being reloaded (below, `stale_while_loading_s`);
 - at most `max_entries` keys are held; when full, all are dropped at once (cheap, and every
   entry is at most `ttl_s` from being reloaded anyway);
 - `update(key, change)` rewrites a held value without touching its load time (forgetting a
@@ -27,6 +28,16 @@ replaces a value, older than itself, that is still held; one that fails is logge
 expires as usual (the next caller then loads it, and sees the failure); `forget`/`clear` during
 a reload discard what it read. Values with a `stamp` (read from another cache) are not
 refreshed ahead: the other cache would answer with the same stamp.
+
+One load at a time (`stale_while_loading_s`): traffic in bursts further apart than the TTL
+finds the value expired all at once, and every request of the burst read it again (32 loads
+of each registry entry at the start of each of `benchmarks.gateway`'s rounds of 32 streams).
+With this set, the first caller that finds a held value expired loads it, as before, and
+callers arriving while that load (or a background reload) runs get the held value, if it
+expired less than `stale_while_loading_s` ago, instead of loading it again. Nobody waits for
+another caller's load (the deadlock above cannot happen); a value is then at most `ttl_s`
+plus one load old (at most `ttl_s + stale_while_loading_s`, however slow the load); a load
+that fails leaves the next caller to load it.
 """
 from __future__ import annotations
 
@@ -46,7 +57,8 @@ class TtlCache(Generic[K, V]):
                  ttl_s: float, max_entries: int = 10_000,
                  stamp: Callable[[V], float] | None = None, *,
                  refresh_after_s: float | None = None,
-                 refresh: Callable[[K], Awaitable[V]] | None = None):
+                 refresh: Callable[[K], Awaitable[V]] | None = None,
+                 stale_while_loading_s: float = 0.0):
         if refresh_after_s is not None and stamp is not None:
             raise ValueError("stamped values are not refreshed ahead")
         self._load = load
@@ -58,6 +70,8 @@ class TtlCache(Generic[K, V]):
         self._refresh_after_s = (refresh_after_s if refresh_after_s is not None
                                  and refresh_after_s < ttl_s else None)
         self._refresh = refresh or load
+        self._stale_s = stale_while_loading_s
+        self._loading: dict[K, int] = {}  # callers loading a key now (not background reloads)
         self._refreshing: dict[K, asyncio.Task] = {}
         self._epoch = 0  # forget/clear: reloads started before them are discarded
 
@@ -72,7 +86,16 @@ class TtlCache(Generic[K, V]):
                     self._refreshing[key] = asyncio.get_running_loop().create_task(
                         self._reload(key, now, self._epoch), context=contextvars.Context())
                 return hit[1]
-        value = await self._load(key)
+            if age < self._ttl_s + self._stale_s and (
+                    key in self._loading or key in self._refreshing):
+                return hit[1]  # expired, and being read again now: not once per caller
+        self._loading[key] = self._loading.get(key, 0) + 1
+        try:
+            value = await self._load(key)
+        finally:
+            left = self._loading.pop(key) - 1
+            if left:
+                self._loading[key] = left
         self._put(key, now if self._stamp is None else min(now, self._stamp(value)), value)
         return value
 

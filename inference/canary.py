@@ -79,9 +79,11 @@ class RolloutCatalog:
 
     def __init__(self, clock: Callable[[], float], ttl_seconds: float,
                  read: Callable[[str], Awaitable[LiveRollout | None]],
-                 refresh_after_s: float | None = None):
+                 refresh_after_s: float | None = None,
+                 stale_while_loading_s: float = 0.0):
         self._cache: TtlCache[str, LiveRollout | None] = TtlCache(
-            read, clock, ttl_seconds, refresh_after_s=refresh_after_s, refresh=off_request(read))
+            read, clock, ttl_seconds, refresh_after_s=refresh_after_s,
+            stale_while_loading_s=stale_while_loading_s, refresh=off_request(read))
 
     async def get(self, model_name: str) -> LiveRollout | None:
         return await self._cache.get(model_name)

@@ -125,9 +125,11 @@ class ReplicaDirectory:
     (in the background after `refresh_after_s`: common.ttl_cache)."""
 
     def __init__(self, clock: Callable[[], float], ttl_seconds: float,
-                 refresh_after_s: float | None = None):
+                 refresh_after_s: float | None = None,
+                 stale_while_loading_s: float = 0.0):
         self._cache: TtlCache[int, list[ReplicaInfo]] = TtlCache(
             ready_replicas, clock, ttl_seconds, refresh_after_s=refresh_after_s,
+            stale_while_loading_s=stale_while_loading_s,
             refresh=off_request(ready_replicas))
 
     def _scripts(self) -> tuple:
@@ -148,10 +150,12 @@ class ServingCatalog:
     (in the background after `refresh_after_s`: common.ttl_cache)."""
 
     def __init__(self, clock: Callable[[], float], ttl_seconds: float,
-                 refresh_after_s: float | None = None):
+                 refresh_after_s: float | None = None,
+                 stale_while_loading_s: float = 0.0):
         load = lambda key: serving_version(*key)  # noqa: E731
         self._cache: TtlCache[tuple[str, int], ServingVersion | None] = TtlCache(
-            load, clock, ttl_seconds, refresh_after_s=refresh_after_s, refresh=off_request(load))
+            load, clock, ttl_seconds, refresh_after_s=refresh_after_s,
+            stale_while_loading_s=stale_while_loading_s, refresh=off_request(load))
 
     async def get(self, model_name: str, tenant_id: int) -> ServingVersion | None:
         return await self._cache.get((model_name, tenant_id))

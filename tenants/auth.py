@@ -129,8 +129,11 @@ class KeyAuthenticator:
         self._cache_seconds = cache_seconds
         self._negative_seconds = negative_seconds
         self.channel = redis_keys.auth_changes(key_prefix)
+        # A burst finding an entry expired reads Redis once (common.ttl_cache); a revoked key
+        # is forgotten at once (the invalidation below), never served stale.
         self._local: TtlCache[str, tuple[Principal, float]] = TtlCache(
-            self._load, clock, cache_seconds, stamp=lambda entry: entry[1])
+            self._load, clock, cache_seconds, stamp=lambda entry: entry[1],
+            stale_while_loading_s=cache_seconds)
         self._pending: dict[str, str] = {}  # digest -> the raw key being loaded (never kept)
         self._live = False  # the invalidation subscription is up: the local cache may be used
         self._task: asyncio.Task | None = None

@@ -79,8 +79,10 @@ class LimitsCache:
         self._ttl = ttl_seconds
         self._clock = clock
         # In memory until ttl_seconds after the Redis entry was written (wall clock).
+        # A burst finding it expired reads it once (common.ttl_cache).
         self._local: TtlCache[int, tuple[Limits, float]] = TtlCache(
-            self._load, clock, ttl_seconds, stamp=lambda entry: entry[1])
+            self._load, clock, ttl_seconds, stamp=lambda entry: entry[1],
+            stale_while_loading_s=ttl_seconds)
 
     def key(self, tenant_id: int) -> str:
         return redis_keys.tenant_limits(self._prefix, tenant_id)

@@ -197,6 +197,65 @@ async def test_ttl_cache_reloads_in_a_context_of_their_own():
         TtlCache(load, clock, ttl_s=4.0, stamp=lambda v: 0.0, refresh_after_s=3.0)
 
 
+
+@pytest.mark.asyncio
+async def test_ttl_cache_a_burst_finding_a_value_expired_loads_it_once():
+    clock, loads = Clock(), []
+    gate = asyncio.Event()
+
+    async def load(key):
+        read_at = clock.now
+        loads.append(read_at)
+        if len(loads) > 1:
+            await gate.wait()  # the second load is slow: a burst arrives meanwhile
+        return f"{key}@{read_at}"
+
+    cache = TtlCache(load, clock, ttl_s=1.0, stale_while_loading_s=1.0)
+    assert await cache.get("v") == "v@0.0"
+    clock.now = 1.5  # expired: the burst's first caller loads it
+    first = asyncio.create_task(cache.get("v"))
+    await asyncio.sleep(0)
+    burst = await asyncio.gather(*(cache.get("v") for _ in range(31)))
+    assert burst == ["v@0.0"] * 31  # the held value while it is read again, no 31 more loads
+    clock.now = 2.0  # too long past its expiry (1 s + 1 s): a caller loads it itself
+    late = asyncio.create_task(cache.get("v"))
+    await asyncio.sleep(0)
+    gate.set()
+    assert await first == "v@1.5" and await late == "v@2.0"
+    assert loads == [0.0, 1.5, 2.0]
+    # Without the option every caller that finds it expired loads it (the former way).
+    plain_loads = []
+
+    async def plain_load(key):
+        plain_loads.append(key)
+        await asyncio.sleep(0)
+        return key
+
+    plain = TtlCache(plain_load, clock, ttl_s=1.0)
+    await plain.get("v")
+    clock.now = 5.0
+    await asyncio.gather(*(plain.get("v") for _ in range(3)))
+    assert len(plain_loads) == 4
+
+
+@pytest.mark.asyncio
+async def test_ttl_cache_a_failed_load_leaves_the_next_caller_to_load():
+    clock = Clock()
+    outcomes = ["ok", "fail", "ok"]
+
+    async def load(key):
+        if outcomes.pop(0) == "fail":
+            raise RuntimeError("PostgreSQL away")
+        return clock.now
+
+    cache = TtlCache(load, clock, ttl_s=1.0, stale_while_loading_s=1.0)
+    await cache.get("k")
+    clock.now = 1.2
+    with pytest.raises(RuntimeError):
+        await cache.get("k")
+    assert await cache.get("k") == 1.2  # nobody is loading it any more: this caller does
+
+
 def test_per_loop_gives_each_loop_its_own_object():
     made = []
     holder = PerLoop(lambda: made.append(object()) or made[-1])
