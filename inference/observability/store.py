@@ -17,10 +17,21 @@ from inference.observability.families import ALL, COUNTER, Family
 from common import redis_keys
 
 
+_FIELDS: dict[tuple, str] = {}  # (family, label values) -> field: label sets are few
+_MAX_FIELDS = 100_000  # a safety bound (dropped all at once when reached)
+
+
 def _labels_field(family: Family, labels: dict[str, object]) -> str:
-    if set(labels) != set(family.labels):
+    if labels.keys() != set(family.labels):
         raise ValueError(f"{family.name}: labels {sorted(labels)} != {sorted(family.labels)}")
-    return json.dumps([str(labels[name]) for name in family.labels], separators=(",", ":"))
+    values = tuple(str(labels[name]) for name in family.labels)
+    key = (family.name, values)
+    field_name = _FIELDS.get(key)
+    if field_name is None:  # the JSON encoding of each label set once per process
+        if len(_FIELDS) >= _MAX_FIELDS:
+            _FIELDS.clear()
+        field_name = _FIELDS[key] = json.dumps(list(values), separators=(",", ":"))
+    return field_name
 
 
 @dataclass

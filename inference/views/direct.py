@@ -49,7 +49,12 @@ from django.utils.log import log_response
 from inference.db_connection import release_db_connection
 from inference.observability import request_ids
 from inference.observability.middleware import begin_request, record_response
-from inference.views.generation import chat_completions_view, completions_view, generate_view
+from inference.views.generation import (
+    SseResponse,
+    chat_completions_view,
+    completions_view,
+    generate_view,
+)
 from llm_platform.asgi_handler import only_djangos
 
 ROUTES = {  # path -> (view, the route's label in the HTTP metrics, as Django's resolver names it)
@@ -184,7 +189,9 @@ class DirectGeneration:
             if response.streaming:
                 await send({"type": "http.response.start", "status": response.status_code,
                             "headers": head})
-                async with aclosing(aiter(response)) as chunks:
+                content = response.chunks if isinstance(response, SseResponse) else aiter(
+                    response)
+                async with aclosing(content) as chunks:
                     async for chunk in chunks:
                         await send({"type": "http.response.body", "body": chunk,
                                     "more_body": True})

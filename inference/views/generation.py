@@ -57,10 +57,19 @@ async def _reply(generation, outcome, kind: EndpointKind, deadline: float):
         result = await complete(generation, outcome, deadline)
         return HttpResponse(orjson.dumps(fmt.complete(result)), content_type="application/json")
     frames = await open_frames(generation, outcome, fmt, deadline)
-    response = StreamingHttpResponse(sse_bytes(fmt, frames), content_type="text/event-stream")
+    response = SseResponse(sse_bytes(fmt, frames))
     response["Cache-Control"] = "no-cache"
     response["X-Accel-Buffering"] = "no"
     return response
+
+
+class SseResponse(StreamingHttpResponse):
+    """An SSE stream whose chunks the direct ASGI path (inference/views/direct.py) sends as
+    they come (`chunks`: bytes already), past Django's two wrapping generators per chunk."""
+
+    def __init__(self, chunks):
+        super().__init__(chunks, content_type="text/event-stream")
+        self.chunks = chunks
 
 
 @api_endpoint("POST")
