@@ -170,6 +170,11 @@ class LeanPool:
         self._connecting: asyncio.Task | None = None
         self._queued: list[_Batch] = []
         self._flush_scheduled = False
+        # The socket timeout: one timer for the pool, armed at the oldest unanswered batch's
+        # deadline (batches come in deadline order), instead of an asyncio.timeout (a Timeout,
+        # a TimerHandle, a heap push and a cancel) around every round trip.
+        self._deadlines: deque[tuple[float, _Batch]] = deque()
+        self._watch: asyncio.TimerHandle | None = None
 
     def pack(self, commands: list[tuple]) -> bytes:
         """The commands as redis-py writes them (a first argument with spaces is split, every
@@ -208,19 +213,39 @@ class LeanPool:
         if not self._flush_scheduled:
             self._flush_scheduled = True
             loop.call_soon(self._flush)
-        try:
-            async with asyncio.timeout(self._socket_timeout):
-                return await batch.future
-        except TimeoutError:
-            # Redis did not answer in time: the connection is given up, and whatever else
-            # waits on it fails now rather than after its own timeout (a hung Redis costs
-            # one timeout, as with redis-py's pool).
+        if self._socket_timeout is not None:
+            deadlines = self._deadlines
+            while deadlines and deadlines[0][1].future.done():  # answered: forgotten
+                deadlines.popleft()
+            deadlines.append((loop.time() + self._socket_timeout, batch))
+            if self._watch is None:
+                self._watch = loop.call_at(deadlines[0][0], self._expire)
+        return await batch.future
+
+    def _expire(self) -> None:
+        """The watch timer: every batch unanswered past its deadline fails with TimeoutError.
+        Redis did not answer in time: the connection is given up, and whatever else waits on
+        it fails now rather than after its own timeout (a hung Redis costs one timeout, as
+        with redis-py's pool)."""
+        self._watch = None
+        loop = asyncio.get_running_loop()
+        now, deadlines = loop.time(), self._deadlines
+        while deadlines:
+            deadline, batch = deadlines[0]
+            if not batch.future.done() and deadline > now:
+                break
+            deadlines.popleft()
+            if batch.future.done():
+                continue
             error = RedisTimeoutError("Timeout reading from socket")
             connection = self._connection
             if connection is not None and batch in connection._waiting:
                 self._connection = None
-                connection.fail(error)
-            raise error from None
+                connection.fail(error)  # this batch and every other one written on it
+            if not batch.future.done():  # queued, never written (a connect that hangs)
+                batch.future.set_exception(error)
+        if deadlines:
+            self._watch = loop.call_at(deadlines[0][0], self._expire)
 
     def _flush(self) -> None:
         self._flush_scheduled = False
@@ -312,6 +337,9 @@ class LeanPool:
         if self._connection is not None:
             self._connection.close()
             self._connection = None
+        if self._watch is not None:  # a later call arms it again
+            self._watch.cancel()
+            self._watch = None
 
 
 def _parsed(callbacks, args: tuple, options: dict, reply):
