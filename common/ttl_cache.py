@@ -13,7 +13,9 @@ Invariants:
 - `stamp(value)`, when given, says when the value was read from its source (a shared cache's
   own write time, on the same clock): the value is reused until `ttl_s` after that, not after
   this cache's load, so a cache in front of another cache does not add the two TTLs;
-- `forget(key)` / `clear()` drop entries at once (invalidation from outside).
+- `forget(key)` / `clear()` drop entries at once (invalidation from outside), and what a load
+  or reload running then read is not kept (it may predate the invalidation: a revoked key's
+  principal read just before the revocation).
 
 Refresh ahead (`refresh_after_s`): a value asked for when it is older than that, but still
 fresh, is returned at once and reloaded in the background (one reload per key at a time, by
@@ -89,6 +91,7 @@ class TtlCache(Generic[K, V]):
             if age < self._ttl_s + self._stale_s and (
                     key in self._loading or key in self._refreshing):
                 return hit[1]  # expired, and being read again now: not once per caller
+        epoch = self._epoch
         self._loading[key] = self._loading.get(key, 0) + 1
         try:
             value = await self._load(key)
@@ -96,7 +99,8 @@ class TtlCache(Generic[K, V]):
             left = self._loading.pop(key) - 1
             if left:
                 self._loading[key] = left
-        self._put(key, now if self._stamp is None else min(now, self._stamp(value)), value)
+        if epoch == self._epoch:  # else forgotten meanwhile: this caller's answer, not kept
+            self._put(key, now if self._stamp is None else min(now, self._stamp(value)), value)
         return value
 
     def _put(self, key: K, loaded_at: float, value: V) -> None:

@@ -170,6 +170,23 @@ async def test_ttl_cache_a_reload_started_before_forget_is_discarded():
     gate.set()
     await cache.refreshed()
     assert await cache.get("k") == "new"  # the reload's older read did not come back
+    # A caller's own load that straddles the invalidation answers that caller, and is not kept.
+    slow = asyncio.Event()
+
+    async def slow_load(key):
+        value = source["value"]
+        await slow.wait()
+        return value
+
+    straddling = TtlCache(slow_load, clock, ttl_s=4.0)
+    source["value"] = "before-revocation"
+    first = asyncio.create_task(straddling.get("k"))
+    await asyncio.sleep(0)
+    source["value"] = "after-revocation"
+    straddling.forget("k")
+    slow.set()
+    assert await first == "before-revocation"
+    assert await straddling.get("k") == "after-revocation"
 
 
 @pytest.mark.asyncio
