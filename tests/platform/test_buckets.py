@@ -2,6 +2,7 @@
 bursts from several processes (each with its own Redis connection, running the Lua check)."""
 import multiprocessing
 import uuid
+from dataclasses import asdict
 
 import pytest
 import pytest_asyncio
@@ -79,13 +80,15 @@ async def test_correction_refunds_and_may_go_negative(redis):
 
 
 def _burst_from_processes(lim: Limits, costs_per_process: list[list[int]]) -> list[int]:
-    ctx = multiprocessing.get_context("fork")
-    start, results = ctx.Event(), ctx.Queue()
+    ctx = multiprocessing.get_context("spawn")  # not fork: tests/support/bucket_burst.py
+    ready, start, results = ctx.Queue(), ctx.Event(), ctx.Queue()
     procs = [ctx.Process(target=run_burst, args=(settings.REDIS_URL, settings.REDIS_KEY_PREFIX,
-                                                   lim, costs, start, results))
+                                                   asdict(lim), costs, ready, start, results))
              for costs in costs_per_process]
     for proc in procs:
         proc.start()
+    for _ in procs:  # every child set up (a spawned one imports Django first): all at once
+        ready.get(timeout=60)
     start.set()
     admitted = [results.get(timeout=60) for _ in procs]
     for proc in procs:

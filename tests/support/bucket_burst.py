@@ -1,17 +1,23 @@
 """A platform process's share of a concurrent burst on one tenant's buckets (the Lua check),
-run in child processes by tests/platform/test_buckets.py."""
+run in child processes by tests/platform/test_buckets.py.
+
+The children are spawned, not forked: the test process holds grpc's threads (other tests' Triton
+calls), and a fork with them running can crash the child before it does anything (grpc's
+at-fork handlers). A spawned child starts a fresh interpreter, sets Django up from the
+inherited DJANGO_SETTINGS_MODULE (the models behind `Limits` need it) and gets the limits as
+plain fields.
+"""
 from __future__ import annotations
 
 import asyncio
 import time
 
-import redis.asyncio as aioredis
 
-from tenants.buckets import TokenBuckets
-from tenants.selectors import Limits
+async def _burst(redis_url: str, prefix: str, limits, costs: list[int]) -> list[int]:
+    import redis.asyncio as aioredis
 
+    from tenants.buckets import TokenBuckets
 
-async def _burst(redis_url: str, prefix: str, limits: Limits, costs: list[int]) -> list[int]:
     redis = aioredis.Redis.from_url(redis_url)
     try:
         buckets = TokenBuckets(redis, prefix, time.time)
@@ -21,7 +27,15 @@ async def _burst(redis_url: str, prefix: str, limits: Limits, costs: list[int]) 
         await redis.aclose()
 
 
-def run_burst(redis_url: str, prefix: str, limits: Limits, costs: list[int], start, results):
-    """Wait for the shared start event, fire every check at once, report the admitted costs."""
+def run_burst(redis_url: str, prefix: str, limits: dict, costs: list[int], ready, start,
+              results):
+    """Say it is ready, wait for the shared start event, fire every check at once, report the
+    admitted costs. `limits`: the fields of a `tenants.selectors.Limits`."""
+    import django
+
+    django.setup()
+    from tenants.selectors import Limits
+
+    ready.put(True)
     start.wait()
-    results.put(asyncio.run(_burst(redis_url, prefix, limits, costs)))
+    results.put(asyncio.run(_burst(redis_url, prefix, Limits(**limits), costs)))
