@@ -28,7 +28,7 @@ from typing import Awaitable, Callable
 
 from common.ttl_cache import TtlCache
 from inference.canary_split import to_canary
-from inference.db_connection import off_request
+from inference.db_connection import registry_cache
 from inference.errors import InvalidRequest, ServiceUnavailable
 from inference.fallbacks import FAILED, UNAVAILABLE, FallbackRecorder
 from inference.prompts import PromptEncoder
@@ -74,16 +74,13 @@ class VersionChoice:
 
 class RolloutCatalog:
     """`read(model_name)` per model, at most every `ttl_seconds` (`read` is
-    `inference.hooks.rollout_source` in production); in the background after
-    `refresh_after_s` (common.ttl_cache)."""
+    `inference.hooks.rollout_source` in production); reloaded ahead
+    (inference.db_connection.registry_cache)."""
 
     def __init__(self, clock: Callable[[], float], ttl_seconds: float,
-                 read: Callable[[str], Awaitable[LiveRollout | None]],
-                 refresh_after_s: float | None = None,
-                 stale_while_loading_s: float = 0.0):
-        self._cache: TtlCache[str, LiveRollout | None] = TtlCache(
-            read, clock, ttl_seconds, refresh_after_s=refresh_after_s,
-            stale_while_loading_s=stale_while_loading_s, refresh=off_request(read))
+                 read: Callable[[str], Awaitable[LiveRollout | None]]):
+        self._cache: TtlCache[str, LiveRollout | None] = registry_cache(read, clock,
+                                                                          ttl_seconds)
 
     async def get(self, model_name: str) -> LiveRollout | None:
         return await self._cache.get(model_name)

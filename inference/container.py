@@ -25,7 +25,6 @@ from django.conf import settings
 
 from inference.admission import ADMISSION_POLICIES, AdmissionQueue
 from inference.canary import RolloutCatalog, VersionChooser
-from inference.db_connection import refresh_ahead
 from inference.generation import Generation
 from inference.hooks import rollout_source
 from inference.idempotency import IdempotencyStore
@@ -80,7 +79,6 @@ class Container:
 def build_container(tokenizers: TokenizerCache) -> Container:
     redis = async_redis()
     clock = time.monotonic
-    registry_refresh = refresh_ahead(settings.REGISTRY_CACHE_TTL_SECONDS)
     prefix = settings.REDIS_KEY_PREFIX
     signals = SignalStore(redis, prefix, settings.ROUTER_SIGNALS_TTL_SECONDS)
     poller = SignalPoller(signals, settings.ROUTER_SIGNALS_INTERVAL_SECONDS,
@@ -106,7 +104,7 @@ def build_container(tokenizers: TokenizerCache) -> Container:
         call_idle_s=settings.TRITON_CALL_IDLE_SECONDS,
     )
     router = Router(
-        ReplicaDirectory(clock, settings.REGISTRY_CACHE_TTL_SECONDS, **registry_refresh),
+        ReplicaDirectory(clock, settings.REGISTRY_CACHE_TTL_SECONDS),
         OutstandingTokens(redis, prefix, time.time, ttl_s=settings.ADMISSION_SLOT_TTL_SECONDS),
         random.Random(),
         routing,
@@ -121,8 +119,7 @@ def build_container(tokenizers: TokenizerCache) -> Container:
                                max_queue=settings.ADMISSION_MAX_QUEUE,
                                slot_ttl_s=settings.ADMISSION_SLOT_TTL_SECONDS)
     versions = VersionChooser(
-        RolloutCatalog(clock, settings.REGISTRY_CACHE_TTL_SECONDS, rollout_source,
-                       **registry_refresh),
+        RolloutCatalog(clock, settings.REGISTRY_CACHE_TTL_SECONDS, rollout_source),
         # Wall-clock minutes: the evaluator reads them in another process.
         FallbackRecorder(redis, prefix, time.time),
         router.num_ready,
@@ -132,7 +129,7 @@ def build_container(tokenizers: TokenizerCache) -> Container:
                             settings.API_KEY_NEGATIVE_CACHE_SECONDS)
     preparation = Preparation(
         auth=auth, redis=redis, key_prefix=prefix,
-        catalog=ServingCatalog(clock, settings.REGISTRY_CACHE_TTL_SECONDS, **registry_refresh),
+        catalog=ServingCatalog(clock, settings.REGISTRY_CACHE_TTL_SECONDS),
         versions=versions, idempotency=idempotency,
         limits=LimitsCache(redis, prefix, settings.QUOTA_LIMITS_CACHE_SECONDS),
         buckets=buckets,

@@ -30,7 +30,7 @@ from typing import Callable
 from common import pipelines
 from common.ttl_cache import TtlCache
 from inference.circuit import HALF_OPEN, OPEN, CircuitBreaker
-from inference.db_connection import off_request
+from inference.db_connection import registry_cache
 from inference.hooks import engine_died
 from inference.outstanding_tokens import OutstandingTokens  # noqa: F401 - also re-exported
 from inference.policies import (  # noqa: F401 - re-exported: the router's public names
@@ -122,15 +122,11 @@ def _log_failures(what: str):
 
 class ReplicaDirectory:
     """Ready replicas per model version, read from PostgreSQL at most every `ttl_seconds`
-    (in the background after `refresh_after_s`: common.ttl_cache)."""
+    (reloaded ahead: inference.db_connection.registry_cache)."""
 
-    def __init__(self, clock: Callable[[], float], ttl_seconds: float,
-                 refresh_after_s: float | None = None,
-                 stale_while_loading_s: float = 0.0):
-        self._cache: TtlCache[int, list[ReplicaInfo]] = TtlCache(
-            ready_replicas, clock, ttl_seconds, refresh_after_s=refresh_after_s,
-            stale_while_loading_s=stale_while_loading_s,
-            refresh=off_request(ready_replicas))
+    def __init__(self, clock: Callable[[], float], ttl_seconds: float):
+        self._cache: TtlCache[int, list[ReplicaInfo]] = registry_cache(
+            ready_replicas, clock, ttl_seconds)
 
     def _scripts(self) -> tuple:
         """The Lua scripts the snapshot and the lease queue (loaded again on NOSCRIPT)."""
@@ -147,15 +143,11 @@ class ReplicaDirectory:
 
 class ServingCatalog:
     """`serving_version` per (model, tenant), read from PostgreSQL at most every `ttl_seconds`
-    (in the background after `refresh_after_s`: common.ttl_cache)."""
+    (reloaded ahead: inference.db_connection.registry_cache)."""
 
-    def __init__(self, clock: Callable[[], float], ttl_seconds: float,
-                 refresh_after_s: float | None = None,
-                 stale_while_loading_s: float = 0.0):
-        load = lambda key: serving_version(*key)  # noqa: E731
-        self._cache: TtlCache[tuple[str, int], ServingVersion | None] = TtlCache(
-            load, clock, ttl_seconds, refresh_after_s=refresh_after_s,
-            stale_while_loading_s=stale_while_loading_s, refresh=off_request(load))
+    def __init__(self, clock: Callable[[], float], ttl_seconds: float):
+        self._cache: TtlCache[tuple[str, int], ServingVersion | None] = registry_cache(
+            lambda key: serving_version(*key), clock, ttl_seconds)
 
     async def get(self, model_name: str, tenant_id: int) -> ServingVersion | None:
         return await self._cache.get((model_name, tenant_id))

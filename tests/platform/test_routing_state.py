@@ -239,7 +239,7 @@ async def test_catalog_reloads_ahead_off_the_request_and_gives_its_connection_ba
     from inference.router import ServingCatalog
 
     clock = Clock()
-    catalog = ServingCatalog(clock, ttl_seconds=1.0, refresh_after_s=0.75)
+    catalog = ServingCatalog(clock, ttl_seconds=1.0)  # reloaded ahead after 0.75 s
     assert (await catalog.get("chat-small", tenant.pk)).routing_policy == "balanced"
     await Model.objects.filter(name="chat-small").aupdate(routing_policy="round_robin")
     clock.now += 0.75
