@@ -173,26 +173,33 @@ def _scalars(response) -> dict:
     return values
 
 
-def parse_chunk(response) -> ReplicaChunk:
-    """A streamed response (ModelInferResponse) as a chunk."""
+def parse_chunk(response, previous: ReplicaChunk | None = None) -> ReplicaChunk:
+    """A streamed response (ModelInferResponse) as a chunk. The replica's responses between
+    its first and its last carry only `text_output`, `num_output_tokens` and `final`
+    (replica/backend/response_stream.py): the prompt's counts are the `previous` chunk's."""
     values = _scalars(response)
     get = values.get
+    if previous is None:
+        num_input, num_cached = int(get("num_input_tokens") or 0), int(get("num_cached_tokens") or 0)
+    else:
+        num_input = int(get("num_input_tokens", previous.num_input_tokens) or 0)
+        num_cached = int(get("num_cached_tokens", previous.num_cached_tokens) or 0)
     return ReplicaChunk(
         text=get("text_output") or "",
         finish_reason=get("finish_reason") or "",
-        num_input_tokens=int(get("num_input_tokens") or 0),
+        num_input_tokens=num_input,
         num_output_tokens=int(get("num_output_tokens") or 0),
-        num_cached_tokens=int(get("num_cached_tokens") or 0),
+        num_cached_tokens=num_cached,
         final=bool(get("final") or False),
     )
 
 
-def _chunk_of(response) -> ReplicaChunk:
-    """A ModelStreamInferResponse as a chunk; its error message raised as the replica's
-    error."""
+def _chunk_of(response, previous: ReplicaChunk | None = None) -> ReplicaChunk:
+    """A ModelStreamInferResponse as a chunk (`previous`: this request's chunk before it);
+    its error message raised as the replica's error."""
     if response.error_message:
         raise classify(InferenceServerException(msg=response.error_message))
-    return parse_chunk(response.infer_response)
+    return parse_chunk(response.infer_response, previous)
 
 
 def _own(error: BaseException) -> Exception:
@@ -349,6 +356,7 @@ class TritonReplicaClient:
         inbox = call.open(request_id)
         call.send(build_request(request))
         ended = False  # the replica ended the request (its final response, or an error)
+        chunk = None
         watch = _SilenceWatch(self._first_token_timeout)
         current_task = asyncio.current_task
         try:
@@ -375,7 +383,7 @@ class TritonReplicaClient:
                 responses, inbox.responses = inbox.responses, []
                 for response in responses:
                     ended = True  # an error reply ends the request too
-                    chunk = _chunk_of(response)
+                    chunk = _chunk_of(response, chunk)
                     ended = chunk.final
                     watch.answered(self._token_timeout)
                     yield chunk
@@ -396,6 +404,7 @@ class TritonReplicaClient:
                             request: ReplicaRequest) -> AsyncIterator[ReplicaChunk]:
         message = build_request(request)
         finished = False
+        chunk = None
         call, responses = self._call(address, message)
         watch = _SilenceWatch(self._first_token_timeout)
         current_task = asyncio.current_task
@@ -419,7 +428,7 @@ class TritonReplicaClient:
                     raise classify(exc) from exc
                 finally:
                     watch.since = None
-                chunk = _chunk_of(response)
+                chunk = _chunk_of(response, chunk)
                 finished = chunk.final
                 watch.answered(self._token_timeout)
                 yield chunk

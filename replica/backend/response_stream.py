@@ -6,6 +6,11 @@ Outputs, mirroring Triton's vLLM backend plus our extras: `text_output` (the tex
 `triton_` parameters, so the end of a stream is also an output). The last response also carries
 Triton's COMPLETE_FINAL flag.
 
+The first and the last response carry all six; the ones between carry only what changes from
+token to token (`text_output`, `num_output_tokens`, `final`): a response's outputs are built
+here per token and per sequence, on the engine's thread, and read per token by the platform
+(three fewer tensors to build, send and parse; a reader keeps the first response's counts).
+
 Invariants: exactly one response carries the final flag; with `stream=False` it is the only one.
 `on_output` runs on the engine loop thread; `is_cancelled()` costs ~60 us, so it is polled every
 `poll_every` outputs and, for requests that produce nothing (still waiting), by `poll_idle`.
@@ -41,6 +46,7 @@ class ResponseStream:
         self._poll_every = poll_every
         self._text_parts: list[str] = []  # stream=False: the whole text so far
         self._num_outputs = 0
+        self._sent_any = False  # the first response carries every output
         self._num_outputs_at_last_idle_check = 0
         self._cancel_requested = False
         self.closed = False
@@ -100,10 +106,19 @@ class ResponseStream:
             self._sender.send(response)
 
     def _response(self, text: str, output: RequestOutput) -> Any:
+        tensor = self._pb.Tensor
+        if self._sent_any and not output.finished:
+            return self._pb.InferenceResponse(
+                output_tensors=[
+                    tensor("text_output", np.array([text.encode("utf-8")], dtype=np.object_)),
+                    tensor("num_output_tokens", np.array([output.num_output_tokens], dtype=np.int32)),
+                    tensor("final", np.array([False], dtype=np.bool_)),
+                ]
+            )
+        self._sent_any = True
         finish_reason = ""
         if output.finished and output.finish_reason is not None:
             finish_reason = getattr(output.finish_reason, "value", str(output.finish_reason))
-        tensor = self._pb.Tensor
         return self._pb.InferenceResponse(
             output_tensors=[
                 tensor("text_output", np.array([text.encode("utf-8")], dtype=np.object_)),

@@ -60,7 +60,15 @@ def decode_inputs(request) -> dict[str, np.ndarray]:
     return values
 
 
-def encode_response(request, text: str, finish: str, num_in: int, num_out: int, final: bool):
+# What the replica sends between a request's first and last response
+# (replica/backend/response_stream.py).
+LEAN_OUTPUTS = ("text_output", "num_output_tokens", "final")
+
+
+def encode_response(request, text: str, finish: str, num_in: int, num_out: int, final: bool,
+                    lean: bool = False):
+    """A streamed response as the replica builds it; `lean`: one between the first and the
+    last, with only LEAN_OUTPUTS."""
     response = service_pb2.ModelInferResponse(model_name=request.model_name, id=request.id)
     arrays = {
         "text_output": np.array([text.encode()], dtype=np.object_),
@@ -71,6 +79,8 @@ def encode_response(request, text: str, finish: str, num_in: int, num_out: int, 
         "final": np.array([final], dtype=bool),
     }
     for name, datatype in OUTPUTS:
+        if lean and name not in LEAN_OUTPUTS:
+            continue
         array = arrays[name]
         response.outputs.add(name=name, datatype=datatype, shape=list(array.shape))
         raw = serialize_byte_tensor(array).item() if datatype == "BYTES" else array.tobytes()
@@ -206,7 +216,8 @@ class FakeTriton(service_pb2_grpc.GRPCInferenceServiceServicer):
                 if last:
                     entry["finish_reason"] = finish
                 await queue.put(encode_response(request, f" t{index}", finish if last else "",
-                                                num_in, index + 1, last))
+                                                num_in, index + 1, last,
+                                                lean=0 < index < limit - 1))
                 await asyncio.sleep(delay)  # the fake's behaviour: `[slow]` pacing
         finally:
             self.state.num_running -= 1

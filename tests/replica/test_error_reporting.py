@@ -109,3 +109,34 @@ def test_the_engine_alive_gauge_is_1_until_the_engine_dies():
     assert alive.value == 0.0
     metrics.close()
     metrics.set_alive(True)  # after close: a no-op, never a crash
+
+
+class TensorPb(FakePb):
+    class Tensor:
+        def __init__(self, name, array):
+            self.name, self.array = name, array
+
+
+def _token_output(index: int, finished: bool) -> RequestOutput:
+    return RequestOutput("r", [index], f" w{index}", finished,
+                         FinishReason.LENGTH if finished else None, 5, index + 1, 2)
+
+
+def test_only_the_first_and_the_last_response_carry_every_output():
+    """Between the first and the last response only what changes per token is built and sent
+    (`text_output`, `num_output_tokens`, `final`); the prompt's counts come once, then at the end."""
+    sender = FakeSender()
+    stream = ResponseStream(TensorPb, sender, "r", stream=True, on_cancel=lambda _: None)
+    for index in range(4):
+        stream.on_output(_token_output(index, finished=index == 3))
+    sent = [{t.name: t.array[0] for t in response.output_tensors} for response, _ in sender.sent]
+    everything = {"text_output", "finish_reason", "num_input_tokens", "num_output_tokens",
+                  "num_cached_tokens", "final"}
+    assert [set(outputs) for outputs in sent] == [
+        everything, {"text_output", "num_output_tokens", "final"},
+        {"text_output", "num_output_tokens", "final"}, everything]
+    assert [outputs["num_output_tokens"] for outputs in sent] == [1, 2, 3, 4]
+    assert (sent[0]["num_input_tokens"], sent[0]["num_cached_tokens"]) == (5, 2)
+    assert [bool(outputs["final"]) for outputs in sent] == [False, False, False, True]
+    assert sent[-1]["finish_reason"] == b"length"
+    assert [flags for _, flags in sender.sent] == [0, 0, 0, FakePb.TRITONSERVER_RESPONSE_COMPLETE_FINAL]

@@ -171,16 +171,25 @@ def test_health_stays_open_and_the_model_still_serves(server):
 def test_the_platform_client_with_the_token_is_served(server):
     async def generate():
         client = TritonReplicaClient(first_token_timeout=120, token_timeout=60, access_token=TOKEN)
-        request = ReplicaRequest(request_id="access-1", model_name=MODEL, prompt_text="Hello",
-                                 prompt_token_ids=None, max_tokens=2, temperature=0.0, top_p=1.0,
-                                 seed=0, stop=(), priority=1, tenant="t1")
+        request = ReplicaRequest(request_id="access-1", model_name=MODEL,
+                                 prompt_text="Count: 1, 2, 3,", prompt_token_ids=None,
+                                 max_tokens=4, temperature=0.0, top_p=1.0, seed=0, stop=(),
+                                 priority=1, tenant="t1")
         try:
             return [chunk async for chunk in client.stream(server.grpc_url, request)]
         finally:
             await client.close()
 
     chunks = asyncio.run(generate())
-    assert chunks[-1].final and chunks[-1].num_output_tokens == 2
+    final = chunks[-1]
+    assert final.final and final.finish_reason == "length" and final.num_output_tokens == 4
+    # The responses between the first and the last carry only the text and the output count
+    # (replica/backend/response_stream.py); the client keeps the prompt's counts from the first.
+    assert [c.num_output_tokens for c in chunks] == [1, 2, 3, 4]
+    assert final.num_input_tokens > 0
+    assert all((c.num_input_tokens, c.num_cached_tokens)
+               == (final.num_input_tokens, final.num_cached_tokens) for c in chunks)
+    assert not any(c.final or c.finish_reason for c in chunks[:-1])
 
 
 def test_the_platform_client_with_another_token_is_told_why(server):

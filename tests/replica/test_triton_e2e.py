@@ -38,6 +38,9 @@ KV_CACHE_BYTES = 64 << 20  # fp32 SmolLM2: ~0.7 MiB per 16-token block -> ~90 bl
 TOPICS = ["the sea", "a cat", "winter", "coffee", "Paris", "robots", "a garden", "the moon",
           "music", "rain", "a library", "trains", "mountains", "bread", "a lighthouse", "friendship"]
 PROMPTS = [f"Write one sentence about {topic}." for topic in TOPICS]
+ALL_OUTPUTS = {"text_output", "finish_reason", "num_input_tokens", "num_output_tokens",
+               "num_cached_tokens", "final"}
+LEAN_OUTPUTS = {"text_output", "num_output_tokens", "final"}
 
 
 @dataclass
@@ -57,6 +60,7 @@ class Generation:
     num_output_tokens: int = 0
     num_responses: int = 0
     times: list[float] = field(default_factory=list)
+    outputs: list[set[str]] = field(default_factory=list)  # each response's output names
     error: str | None = None
 
 
@@ -146,6 +150,7 @@ async def generate(client, text: str | None, max_tokens: int = 16, *, raw_params
                 continue
             result.num_responses += 1
             result.times.append(time.perf_counter())
+            result.outputs.append({o.name for o in response.get_response().outputs})
             result.text += response.as_numpy("text_output")[0].decode()
             if on_response is not None:
                 on_response(result)
@@ -199,6 +204,9 @@ async def test_concurrent_streams_interleave_and_match_solo(replica):
         assert batched.error is None
         assert (batched.text, batched.finish_reason, batched.num_output_tokens) == (alone.text, "length", max_tokens)
         assert batched.num_responses == max_tokens  # one response per token
+        # The first and the last carry every output; the ones between what changes per token.
+        assert batched.outputs[0] == batched.outputs[-1] == ALL_OUTPUTS
+        assert all(names == LEAN_OUTPUTS for names in batched.outputs[1:-1]), batched.outputs
     # Continuous batching: every stream was still producing when the last one started producing.
     assert max(g.times[0] for g in together) < min(g.times[-1] for g in together)
     assert peak["running"] > 1
