@@ -9,7 +9,9 @@ NAME=VALUE`), and side B, this checkout (`--b-env` likewise). They take turns in
 of `--burst` non-streaming requests (`max_tokens` 1, `--concurrency` at a time; the order
 alternates every round), and the API processes' CPU time (user + system) is added up per side
 over `--rounds` rounds; the noise then falls on both sides alike. `--system-words N` puts a
-long system prompt (one of 12) before each request. Prints each side's
+long system prompt (one of 12) before each request. `--stream-tokens N`: each request of a
+burst streams N tokens instead (SSE, as `benchmarks.gateway`'s streaming rounds), which weighs
+the per-token path (`cpu_us_per_token` is printed as well). Prints each side's
 `cpu_ms_per_request` (all rounds), the median of the rounds' B/A ratios, and the load average.
 The benchmark tenants' request and token limits are lifted (bursts add up past the tier's).
 Measurement only: the numbers of record come from `benchmarks.gateway`.
@@ -76,6 +78,8 @@ async def run(args) -> dict:
             def short(fleet):
                 async def one(i):
                     async with sem:
+                        if args.stream_tokens:
+                            return await via_platform(http, fleet, i, args.stream_tokens)
                         if not args.system_words:
                             return await via_platform(http, fleet, i, 1, stream=False)
                         return await with_system_prompt(http, fleet, i, args.system_words)
@@ -99,12 +103,17 @@ async def run(args) -> dict:
         for fleet in sides.values():
             fleet.stop()
     requests = args.rounds * args.burst
+    if args.stream_tokens:
+        for name in ("A", "B"):
+            print(f"{name}: cpu_us_per_token "
+                  f"{cpu[name] * 1e6 / (requests * args.stream_tokens):.1f}")
     result = {
         "a": {"repo": str(args.a_repo), "python": args.a_python, "env": _env(args.a_env),
               "cpu_ms_per_request": round(cpu["A"] * 1000 / requests, 3)},
         "b": {"repo": str(REPO), "python": sys.executable, "env": _env(args.b_env),
               "cpu_ms_per_request": round(cpu["B"] * 1000 / requests, 3)},
         "b_over_a": round(cpu["B"] / cpu["A"], 3) if cpu["A"] else None,
+        "stream_tokens": args.stream_tokens,
         "b_over_a_median_of_rounds": round(statistics.median(ratios), 3) if ratios else None,
         "rounds": args.rounds, "burst": args.burst, "concurrency": args.concurrency,
         "system_words": args.system_words,
@@ -124,6 +133,8 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--system-words", type=int, default=0,
                         help="a system prompt of this many words before each short request")
+    parser.add_argument("--stream-tokens", type=int, default=0,
+                        help="stream this many tokens per request (0: short non-streaming)")
     parser.add_argument("--database", default="llm_platform_bench_ab",
                         help="prefix of the two sides' databases (_a, _b)")
     parser.add_argument("--out", default=None)
