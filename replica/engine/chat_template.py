@@ -10,8 +10,8 @@ keyword the caller passes (`tools`, `enable_thinking`, ...).
 A template known here word for word (`NATIVE_RENDERERS`, by its exact source) renders in plain
 Python instead, for the messages it can take (every role and content a string, no extra
 variables; anything else goes through Jinja): the same text (tests/replica/
-test_chat_template_native.py compares the two on generated messages), at a few microseconds
-instead of ~130 (Jinja's sandbox; measured on the request path, benchmarks/README.md).
+test_chat_template_native.py compares the two on generated messages), in 1.5-4.3 us instead
+of 37-44 (Jinja's sandbox; one message, four messages; AMD EPYC Zen 4).
 """
 from __future__ import annotations
 
