@@ -162,7 +162,14 @@ async def timed_round(make, num: int) -> tuple[float, list[Sample]]:
 
 
 async def run(args, replica: str) -> dict:
-    fleet = start_fleet(replica, database=args.database, api_processes=args.api_processes)
+    # Admission lets as many requests run per replica as the replica takes: the direct side
+    # sends all its streams to the replica at once, and the fake replica (like the engine, up
+    # to its max_num_seqs of 128) takes them all. At the platform's default of 16 slots the
+    # rest of 32 streams waited for slots, which put the admission queue into the TTFT the
+    # platform "adds" (bimodal: ~60 ms, then ~300 ms, measured in "frontdoor9").
+    slots = max(args.streams, args.short_concurrency)
+    fleet = start_fleet(replica, database=args.database, api_processes=args.api_processes,
+                        extra_env={"ADMISSION_SLOTS_PER_REPLICA": str(slots)})
     try:
         tokenizer = load_weights_tokenizer(SMOLLM2)
         prompts = [(tokenizer.apply_chat_template(messages(i)), tuple(tokenizer.encode_chat(messages(i))))
@@ -224,6 +231,7 @@ async def run(args, replica: str) -> dict:
         "load_average": [round(x, 2) for x in os.getloadavg()],
         "api_processes": args.api_processes,
         "client": args.client,
+        "admission_slots_per_replica": slots,
         "platform_tokens_per_s": round(tps["platform"], 2),
         "direct_tokens_per_s": round(tps["direct"], 2),
         "relay_efficiency": round(tps["platform"] / tps["direct"], 4),
