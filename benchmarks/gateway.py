@@ -11,8 +11,8 @@ protocol, no model), which isolates what the platform itself adds.
 
 The platform side's client is `--client raw` (benchmarks/raw_http.py, a lean SSE reader) or
 `httpx` (the client of rounds before "frontdoor9"). Each side's client shares the CPUs with
-what it measures; `client_cpu_us_per_token` says what it took, per side (measured: raw 24-34
-us per token, httpx 130-180, the direct side's gRPC client 90-145).
+what it measures; `client_cpu_us_per_token` says what it took, per side (measured: raw 12-34
+us per token, httpx 132-181, the direct side's gRPC client 68-171).
 
 `cpu_ms_per_request` (short non-streaming requests) and `cpu_us_per_token` (the streaming
 rounds) are the CPU time (user + system, psutil) of ALL the API processes during that phase

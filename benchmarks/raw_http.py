@@ -3,10 +3,10 @@ asyncio streams, a few microseconds of the client's CPU per event.
 
 `benchmarks.gateway` measures what the platform adds against a zero-cost replica on one
 machine, where the benchmark's own client shares the CPUs with the platform. httpx, reading
-the platform's SSE line by line through h11, took 130-180 us of CPU per token (its direct side,
-the platform's own gRPC client reading the replica, 90-145): CPU the platform side lost to its
+the platform's SSE line by line through h11, took 132-181 us of CPU per token (its direct side,
+the platform's own gRPC client reading the replica, 68-171): CPU the platform side lost to its
 client, not to the platform. This client reads what the platform sends with bytes operations
-(chunked transfer coding, events split on blank lines): 24-34 us per token (benchmarks/
+(chunked transfer coding, events split on blank lines): 12-34 us per token (benchmarks/
 README.md, "frontdoor9"). `--client httpx` keeps the old measurement.
 
 Not a general client: POST with a JSON body, HTTP/1.1 to one host, no TLS, no redirects, no
