@@ -59,11 +59,16 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, round(q / 100 * len(ordered) + 0.5) - 1))]
 
 
-async def via_platform(client: httpx.AsyncClient, fleet, index: int, max_tokens: int,
-                       stream: bool = True) -> Sample:
+def generate_call(fleet, index: int, max_tokens: int, stream: bool) -> tuple[dict, dict]:
+    """The body and headers of the benchmark's `/v1/generate` request number `index`."""
     body = {"model": "chat-small", "messages": messages(index), "max_tokens": max_tokens,
             "temperature": 0.0, "stream": stream}
-    headers = {"Authorization": f"Bearer {fleet.api_key}"}
+    return body, {"Authorization": f"Bearer {fleet.api_key}"}
+
+
+async def via_platform(client: httpx.AsyncClient, fleet, index: int, max_tokens: int,
+                       stream: bool = True) -> Sample:
+    body, headers = generate_call(fleet, index, max_tokens, stream)
     start = time.perf_counter()
     if not stream:
         reply = (await client.post(fleet.base_url + "/v1/generate", json=body, headers=headers))
@@ -89,9 +94,7 @@ async def via_platform(client: httpx.AsyncClient, fleet, index: int, max_tokens:
 async def via_platform_raw(client: RawClient, fleet, index: int, max_tokens: int,
                            stream: bool = True) -> Sample:
     """`via_platform` through the lean client (benchmarks/raw_http.py)."""
-    body = {"model": "chat-small", "messages": messages(index), "max_tokens": max_tokens,
-            "temperature": 0.0, "stream": stream}
-    headers = {"Authorization": f"Bearer {fleet.api_key}"}
+    body, headers = generate_call(fleet, index, max_tokens, stream)
     start = time.perf_counter()
     if not stream:
         reply = await client.post("/v1/generate", body, headers)
