@@ -93,8 +93,68 @@ def build_control_request(model_name: str, request_ids: list[str], abort: bool,
     return request
 
 
-def build_request(request: ReplicaRequest) -> service_pb2.ModelInferRequest:
-    """The generation request as Triton's protobuf message."""
+def build_channel_command(model_name: str, channel_id: str,
+                          open_: bool) -> service_pb2.ModelInferRequest:
+    """Open a channel (this request becomes it) or close it (replica/backend/channel.py)."""
+    command = {"channel": channel_id, "open": True} if open_ else {"channel": channel_id,
+                                                                  "close": True}
+    request = service_pb2.ModelInferRequest(
+        model_name=model_name, id=channel_id if open_ else f"close-{channel_id}")
+    _add(request, "control", "BYTES", 1, _bytes_tensor(json.dumps(command)))
+    return request
+
+
+def _bytes_list(raw: bytes) -> list[str]:
+    """Every element of a serialized BYTES tensor (each a 4-byte little-endian length, then
+    the bytes)."""
+    values, offset, end = [], 0, len(raw)
+    from_bytes = int.from_bytes
+    while offset < end:
+        size = from_bytes(raw[offset:offset + 4], "little")
+        offset += 4
+        values.append(raw[offset:offset + size].decode("utf-8", errors="replace"))
+        offset += size
+    return values
+
+
+def parse_channel_batch(response) -> list[tuple[str, ReplicaChunk]]:
+    """A channel's batch (ModelInferResponse): (request id, chunk) per entry, in order."""
+    raw = dict(zip((output.name for output in response.outputs), response.raw_output_contents))
+    try:
+        ids = _bytes_list(raw["request_id"])
+        texts = _bytes_list(raw["text_output"])
+        reasons = _bytes_list(raw["finish_reason"])
+        count = len(ids)
+        ints = {name: struct.unpack(f"<{count}i", raw[name]) for name in
+                ("num_input_tokens", "num_output_tokens", "num_cached_tokens")}
+        finals = raw["final"]
+        if len(texts) != count or len(reasons) != count or len(finals) != count:
+            raise ValueError("outputs of different lengths")
+    except (KeyError, ValueError, struct.error) as exc:
+        raise ReplicaStreamError(f"unreadable channel batch: {exc}") from exc
+    num_in, num_out, num_cached = (ints["num_input_tokens"], ints["num_output_tokens"],
+                                   ints["num_cached_tokens"])
+    return [(ids[i], ReplicaChunk(texts[i], reasons[i], num_in[i], num_out[i], num_cached[i],
+                                  finals[i] != 0)) for i in range(count)]
+
+
+class _Channels:
+    """The channel protocol for SharedCall (inference/triton_calls.ChannelSupport)."""
+
+    command = staticmethod(build_channel_command)
+
+    @staticmethod
+    def is_ack(response) -> bool:
+        outputs = response.outputs
+        return len(outputs) == 1 and outputs[0].name == "control_output"
+
+    entries = staticmethod(parse_channel_batch)
+
+
+def build_request(request: ReplicaRequest,
+                  channel: str | None = None) -> service_pb2.ModelInferRequest:
+    """The generation request as Triton's protobuf message (`channel`: the channel its
+    outputs go out on)."""
     sampling = {
         "max_tokens": request.max_tokens,
         "temperature": request.temperature,
@@ -114,6 +174,8 @@ def build_request(request: ReplicaRequest) -> service_pb2.ModelInferRequest:
     if request.prompt_token_ids is not None:
         ids = request.prompt_token_ids
         _add(message, "input_ids", "INT64", len(ids), struct.pack(f"<{len(ids)}q", *ids))
+    if channel is not None:
+        _add(message, "channel", "BYTES", 1, _bytes_tensor(channel))
     return message
 
 
@@ -309,13 +371,15 @@ class TritonReplicaClient:
     for comparison: `TRITON_CALLS_PER_REPLICA=0`)."""
 
     def __init__(self, first_token_timeout: float, token_timeout: float, access_token: str = "",
-                 calls_per_replica: int = 16, call_idle_s: float = 1.0):
+                 calls_per_replica: int = 16, call_idle_s: float = 1.0,
+                 channels: bool = True):
         self._first_token_timeout = first_token_timeout
         self._token_timeout = token_timeout
         headers = grpc_headers(access_token)
         self._metadata = tuple(headers.items()) if headers else ()
         self._calls_per_replica = calls_per_replica
         self._call_idle_s = call_idle_s
+        self._channels = channels
         self._stubs: dict[str, tuple[grpc.aio.Channel, service_pb2_grpc.GRPCInferenceServiceStub]] = {}
         self._pools: dict[str, CallPool] = {}
         self._control_ids = itertools.count()
@@ -334,7 +398,7 @@ class TritonReplicaClient:
             stub, metadata = self._stub(address), self._metadata
             pool = self._pools[address] = CallPool(
                 lambda: stub.ModelStreamInfer(metadata=metadata), self._calls_per_replica,
-                self._call_idle_s)
+                self._call_idle_s, _Channels() if self._channels else None)
         return pool
 
     def _call(self, address: str, message):
@@ -353,8 +417,9 @@ class TritonReplicaClient:
                              request: ReplicaRequest) -> AsyncIterator[ReplicaChunk]:
         request_id = request.request_id
         call = self._pool(address).pick(request_id)
+        channel = call.channel(request.model_name) if self._channels else None
         inbox = call.open(request_id)
-        call.send(build_request(request))
+        call.send(build_request(request, channel))
         ended = False  # the replica ended the request (its final response, or an error)
         chunk = None
         watch = _SilenceWatch(self._first_token_timeout)
@@ -383,7 +448,9 @@ class TritonReplicaClient:
                 responses, inbox.responses = inbox.responses, []
                 for response in responses:
                     ended = True  # an error reply ends the request too
-                    chunk = _chunk_of(response, chunk)
+                    # A channel's entry comes as a chunk, the request's own response as is.
+                    chunk = (response if type(response) is ReplicaChunk
+                             else _chunk_of(response, chunk))
                     ended = chunk.final
                     watch.answered(self._token_timeout)
                     yield chunk

@@ -34,7 +34,8 @@ for _path in reversed(os.environ.get("PYTHONPATH", "").split(os.pathsep)):
 import triton_python_backend_utils as pb_utils  # noqa: E402
 
 from replica.backend import error_messages
-from replica.backend.control_request import ControlRequest, control_reply
+from replica.backend.channel import Channel
+from replica.backend.control_request import ChannelCommand, ControlRequest, control_reply, parse_control
 from replica.backend.drain_watcher import DrainWatcher
 from replica.backend.engine_metrics import EngineMetrics
 from replica.backend.vllm_metrics import VllmMetrics
@@ -65,6 +66,7 @@ class TritonPythonModel:
         self._tokenizer = self._engine.tokenizer
         self._streams: dict[str, ResponseStream] = {}
         self._streams_lock = threading.Lock()
+        self._channels: dict[str, Channel] = {}  # open channels by id (replica/backend/channel.py)
         info = {"dtype": dtype_name(self._engine.dtype), "quantization": engine_config.quantization}
         _log.info("loaded: compute dtype %s (asked %s), quantization %s", info["dtype"], engine_config.dtype,
                   info["quantization"])
@@ -107,8 +109,11 @@ class TritonPythonModel:
             try:
                 control = pb_utils.get_input_tensor_by_name(request, "control")
                 if control is not None:
-                    command = ControlRequest.from_input(control.as_numpy())
-                    self._control.submit(self._answer_control, command, sender)
+                    command = parse_control(control.as_numpy())
+                    if isinstance(command, ChannelCommand):
+                        self._channel_command(command, sender)
+                    else:
+                        self._control.submit(self._answer_control, command, sender)
                     continue
                 self._submit(request, sender)
             except InvalidRequestError as exc:
@@ -131,6 +136,10 @@ class TritonPythonModel:
         self._loop.stop()
         self._engine.close()  # tensor-parallel workers, if any
         self._control.shutdown(wait=False, cancel_futures=True)
+        with self._streams_lock:
+            channels, self._channels = list(self._channels.values()), {}
+        for channel in channels:  # after the final responses the loop just produced
+            self._sender.submit(channel.close)
         self._sender.shutdown(wait=True)  # flush the final responses the loop just produced
         self._metrics.close()  # metrics before their families, before the stub tears down
         self._vllm_metrics.close()
@@ -160,8 +169,17 @@ class TritonPythonModel:
         _log.info("request %s: %d prompt tokens, max_tokens %s", request_id, len(prompt_token_ids),
                   generate.params.max_tokens)
         self._vllm_metrics.arrived(request_id)
+        channel = None
+        if generate.channel:
+            with self._streams_lock:
+                channel = self._channels.get(generate.channel)
+            if channel is None:  # closed meanwhile, or never opened: its own responses
+                _log.warning("request %s: no open channel %s; answering on its own", request_id,
+                             generate.channel)
         stream = ResponseStream(
-            pb_utils, sender, request_id, stream=generate.stream, prompt_prefix=prefix, on_cancel=self._loop.abort
+            pb_utils, sender, request_id, stream=generate.stream, prompt_prefix=prefix, on_cancel=self._loop.abort,
+            channel=channel,
+            schedule_flush=None if channel is None else (lambda: self._sender.submit(channel.flush)),
         )
         with self._streams_lock:
             self._streams[request_id] = stream
@@ -225,6 +243,31 @@ class TritonPythonModel:
             _log.exception("control request failed")
             _send_error(sender, f"{error_messages.REQUEST_FAILED} {exc!r}", pb_utils.TritonError.INTERNAL)
 
+    def _channel_command(self, command: ChannelCommand, sender) -> None:
+        """Execute thread: open a channel (this request becomes it) or close one (this request
+        is answered once the channel's request completed). Sent on the sender thread, in order
+        with the outputs."""
+        if command.open:
+            channel = Channel(pb_utils, sender, command.channel)
+            with self._streams_lock:
+                if command.channel in self._channels:
+                    raise InvalidRequestError(f"channel {command.channel} is already open")
+                self._channels[command.channel] = channel
+            self._sender.submit(channel.acknowledge)
+            return
+        with self._streams_lock:
+            channel = self._channels.pop(command.channel, None)
+
+        def close() -> None:
+            if channel is not None:
+                channel.close()
+            reply = pb_utils.Tensor("control_output", np.array([b'{"channel":"closed"}'], dtype=np.object_))
+            final = pb_utils.Tensor("final", np.array([True], dtype=np.bool_))
+            sender.send(pb_utils.InferenceResponse(output_tensors=[reply, final]),
+                        flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+
+        self._sender.submit(close)
+
     def _forget(self, request_id: str) -> None:
         with self._streams_lock:
             self._streams.pop(request_id, None)
@@ -253,8 +296,17 @@ class TritonPythonModel:
             self._vllm_metrics.update(stats)
             with self._streams_lock:
                 streams = list(self._streams.values())
+                channels = list(self._channels.values())
             for stream in streams:
                 stream.poll_idle()
+            for channel in channels:  # a stream gone without closing its channel
+                if channel.gone():
+                    with self._streams_lock:
+                        self._channels.pop(channel.channel_id, None)
+                    try:
+                        channel.close()  # Triton still wants its request completed
+                    except Exception:  # noqa: BLE001 - its stream is gone
+                        channel.closed = True
         except Exception:  # noqa: BLE001 - best effort; never kill the sender thread
             _log.exception("publishing metrics failed")
 
