@@ -39,6 +39,7 @@ import asyncio
 import logging
 import itertools
 import os
+import secrets
 from typing import Callable, Protocol
 
 import grpc
@@ -84,6 +85,8 @@ class ChannelSupport(Protocol):
 
 
 _CHANNEL_IDS = itertools.count()
+# Unique across the API processes of every host a replica serves (a pid alone repeats).
+_CHANNEL_PREFIX = f"channel-{os.getpid()}-{secrets.token_hex(6)}"
 OPENING, OPEN, REFUSED = "opening", "open", "refused"
 
 
@@ -116,7 +119,7 @@ class SharedCall:
             return entry[0] if entry[1] == OPEN else None
         if self._channels is None or self.closing or self.error is not None:
             return None
-        channel_id = f"channel-{os.getpid()}-{next(_CHANNEL_IDS)}"
+        channel_id = f"{_CHANNEL_PREFIX}-{next(_CHANNEL_IDS)}"
         self._channel_of[model_name] = [channel_id, OPENING]
         self._channel_models[channel_id] = model_name
         self.send(self._channels.command(model_name, channel_id, True))

@@ -447,10 +447,13 @@ class TritonReplicaClient:
                     continue
                 responses, inbox.responses = inbox.responses, []
                 for response in responses:
-                    ended = True  # an error reply ends the request too
-                    # A channel's entry comes as a chunk, the request's own response as is.
-                    chunk = (response if type(response) is ReplicaChunk
-                             else _chunk_of(response, chunk))
+                    if type(response) is ReplicaChunk:  # a channel's entry
+                        chunk = response
+                    elif not (response.error_message or response.infer_response.outputs):
+                        continue  # an empty completion (a request on a channel ends so)
+                    else:
+                        ended = True  # an error reply ends the request too
+                        chunk = _chunk_of(response, chunk)
                     ended = chunk.final
                     watch.answered(self._token_timeout)
                     yield chunk

@@ -50,6 +50,9 @@ from replica.engine.sampling_params import InvalidRequestError
 _log = logging.getLogger("replica.model")
 
 
+CHANNEL_WATCH_S = 0.5  # how often channels are checked for a stream that is gone
+
+
 class TritonPythonModel:
     def initialize(self, args: dict) -> None:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -67,6 +70,7 @@ class TritonPythonModel:
         self._streams: dict[str, ResponseStream] = {}
         self._streams_lock = threading.Lock()
         self._channels: dict[str, Channel] = {}  # open channels by id (replica/backend/channel.py)
+        self._channels_stop = threading.Event()
         info = {"dtype": dtype_name(self._engine.dtype), "quantization": engine_config.quantization}
         _log.info("loaded: compute dtype %s (asked %s), quantization %s", info["dtype"], engine_config.dtype,
                   info["quantization"])
@@ -82,6 +86,7 @@ class TritonPythonModel:
         self._control = ThreadPoolExecutor(max_workers=2, thread_name_prefix="control")
         self._loop = EngineLoop(self._engine, on_tick=self._on_tick, on_dead=self._on_dead)
         self._loop.start()
+        threading.Thread(target=self._watch_channels, name="channel-watch", daemon=True).start()
         self._engine.on_failure(self._loop.inject_fault)  # a dead tensor-parallel worker kills the loop
         self._fault_trigger = None
         if parameters.fault_file:
@@ -136,6 +141,7 @@ class TritonPythonModel:
         self._loop.stop()
         self._engine.close()  # tensor-parallel workers, if any
         self._control.shutdown(wait=False, cancel_futures=True)
+        self._channels_stop.set()
         with self._streams_lock:
             channels, self._channels = list(self._channels.values()), {}
         for channel in channels:  # after the final responses the loop just produced
@@ -268,6 +274,27 @@ class TritonPythonModel:
 
         self._sender.submit(close)
 
+    def _watch_channels(self) -> None:
+        """Watch thread: a channel whose stream is gone (the platform process died, its
+        connection dropped) is completed, busy engine or not: Triton does not unload a model
+        with a request in flight."""
+        while not self._channels_stop.wait(CHANNEL_WATCH_S):
+            with self._streams_lock:
+                channels = list(self._channels.values())
+            gone = [channel for channel in channels if channel.gone()]  # IPC: off the lock
+            with self._streams_lock:
+                for channel in gone:
+                    self._channels.pop(channel.channel_id, None)
+            for channel in gone:
+                self._sender.submit(self._close_gone, channel)
+
+    @staticmethod
+    def _close_gone(channel: Channel) -> None:
+        try:
+            channel.close()
+        except Exception:  # noqa: BLE001 - its stream is gone
+            channel.closed = True
+
     def _forget(self, request_id: str) -> None:
         with self._streams_lock:
             self._streams.pop(request_id, None)
@@ -296,17 +323,8 @@ class TritonPythonModel:
             self._vllm_metrics.update(stats)
             with self._streams_lock:
                 streams = list(self._streams.values())
-                channels = list(self._channels.values())
             for stream in streams:
                 stream.poll_idle()
-            for channel in channels:  # a stream gone without closing its channel
-                if channel.gone():
-                    with self._streams_lock:
-                        self._channels.pop(channel.channel_id, None)
-                    try:
-                        channel.close()  # Triton still wants its request completed
-                    except Exception:  # noqa: BLE001 - its stream is gone
-                        channel.closed = True
         except Exception:  # noqa: BLE001 - best effort; never kill the sender thread
             _log.exception("publishing metrics failed")
 
