@@ -27,6 +27,7 @@ import time
 from typing import AsyncIterator
 
 import grpc
+import orjson
 from tritonclient.grpc import InferResult, KeepAliveOptions, service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
@@ -104,38 +105,16 @@ def build_channel_command(model_name: str, channel_id: str,
     return request
 
 
-def _bytes_list(raw: bytes) -> list[str]:
-    """Every element of a serialized BYTES tensor (each a 4-byte little-endian length, then
-    the bytes)."""
-    values, offset, end = [], 0, len(raw)
-    from_bytes = int.from_bytes
-    while offset < end:
-        size = from_bytes(raw[offset:offset + 4], "little")
-        offset += 4
-        values.append(raw[offset:offset + size].decode("utf-8", errors="replace"))
-        offset += size
-    return values
-
-
 def parse_channel_batch(response) -> list[tuple[str, ReplicaChunk]]:
-    """A channel's batch (ModelInferResponse): (request id, chunk) per entry, in order."""
-    raw = dict(zip((output.name for output in response.outputs), response.raw_output_contents))
+    """A channel's batch (ModelInferResponse; replica/backend/channel.py): (request id, chunk)
+    per entry, in order."""
     try:
-        ids = _bytes_list(raw["request_id"])
-        texts = _bytes_list(raw["text_output"])
-        reasons = _bytes_list(raw["finish_reason"])
-        count = len(ids)
-        ints = {name: struct.unpack(f"<{count}i", raw[name]) for name in
-                ("num_input_tokens", "num_output_tokens", "num_cached_tokens")}
-        finals = raw["final"]
-        if len(texts) != count or len(reasons) != count or len(finals) != count:
-            raise ValueError("outputs of different lengths")
-    except (KeyError, ValueError, struct.error) as exc:
+        raw = response.raw_output_contents[0]
+        entries = orjson.loads(raw[4:4 + int.from_bytes(raw[:4], "little")])
+        return [(entry[0], ReplicaChunk(entry[1], entry[2], entry[3], entry[4], entry[5],
+                                        entry[6])) for entry in entries]
+    except (IndexError, TypeError, orjson.JSONDecodeError) as exc:
         raise ReplicaStreamError(f"unreadable channel batch: {exc}") from exc
-    num_in, num_out, num_cached = (ints["num_input_tokens"], ints["num_output_tokens"],
-                                   ints["num_cached_tokens"])
-    return [(ids[i], ReplicaChunk(texts[i], reasons[i], num_in[i], num_out[i], num_cached[i],
-                                  finals[i] != 0)) for i in range(count)]
 
 
 class _Channels:

@@ -135,20 +135,13 @@ def channel_ack(request):
 
 
 def channel_batch(model_name: str, channel_id: str, entries: list[tuple]):
-    """One batch: (request id, text, finish reason, prompt, output, cached, final) per entry."""
-    ids, texts, reasons, prompt, output, cached, final = zip(*entries)
+    """One batch: (request id, text, finish reason, prompt, output, cached, final) per entry,
+    as the JSON list the replica writes (replica/backend/channel.py)."""
     response = service_pb2.ModelInferResponse(model_name=model_name, id=channel_id)
-    for name, datatype, array in (
-            ("request_id", "BYTES", np.array([i.encode() for i in ids], dtype=np.object_)),
-            ("text_output", "BYTES", np.array([t.encode() for t in texts], dtype=np.object_)),
-            ("finish_reason", "BYTES", np.array([r.encode() for r in reasons], dtype=np.object_)),
-            ("num_input_tokens", "INT32", np.array(prompt, dtype=np.int32)),
-            ("num_output_tokens", "INT32", np.array(output, dtype=np.int32)),
-            ("num_cached_tokens", "INT32", np.array(cached, dtype=np.int32)),
-            ("final", "BOOL", np.array(final, dtype=bool))):
-        response.outputs.add(name=name, datatype=datatype, shape=list(array.shape))
-        raw = serialize_byte_tensor(array).item() if datatype == "BYTES" else array.tobytes()
-        response.raw_output_contents.append(raw)
+    response.outputs.add(name="channel_output", datatype="BYTES", shape=[1])
+    payload = json.dumps(entries, ensure_ascii=False, separators=(",", ":")).encode()
+    response.raw_output_contents.append(
+        serialize_byte_tensor(np.array([payload], dtype=np.object_)).item())
     return service_pb2.ModelStreamInferResponse(infer_response=response)
 
 

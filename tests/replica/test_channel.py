@@ -3,6 +3,8 @@ and close one, with a stand-in for Triton's `pb_utils` (pure logic; the real stu
 test_triton_e2e.py)."""
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -29,6 +31,13 @@ def _outputs(response) -> dict:
     return {t.name: list(t.array) for t in response.output_tensors}
 
 
+def _entries(response) -> list:
+    """A batch's entries (its one `channel_output` element, a JSON list)."""
+    (tensor,) = response.output_tensors
+    assert tensor.name == "channel_output" and len(tensor.array) == 1
+    return json.loads(tensor.array[0])
+
+
 def _token(request_id: str, index: int, finished: bool) -> RequestOutput:
     return RequestOutput(request_id, [index], f" w{index}", finished,
                          FinishReason.LENGTH if finished else None, 5, index + 1, 2)
@@ -49,13 +58,9 @@ def test_outputs_of_several_requests_leave_in_one_batch_then_each_request_comple
     channel.flush()
     ((batch, flags),) = channel_sender.sent
     assert flags == 0
-    out = _outputs(batch)
-    assert out["request_id"] == [b"a", b"b", b"a", b"b"]
-    assert out["text_output"] == [b" w0", b" w0", b" w1", b" w1"]
-    assert out["num_output_tokens"] == [1, 1, 2, 2]
-    assert out["num_input_tokens"] == [5] * 4 and out["num_cached_tokens"] == [2] * 4
-    assert out["final"] == [False, False, True, True]
-    assert out["finish_reason"] == [b"", b"", b"length", b"length"]
+    assert _entries(batch) == [["a", " w0", "", 5, 1, 2, False], ["b", " w0", "", 5, 1, 2, False],
+                               ["a", " w1", "length", 5, 2, 2, True],
+                               ["b", " w1", "length", 5, 2, 2, True]]
     # Each request's own sender only completes it (a bare final flag, nothing to the client).
     for sender in senders.values():
         assert sender.sent == [(None, TensorPb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)]
@@ -70,7 +75,7 @@ def test_an_error_goes_out_after_the_outputs_before_it():
                             channel=channel, schedule_flush=lambda: None)
     stream.on_output(_token("a", 0, finished=False))
     stream.fail("request failed: boom")
-    assert _outputs(channel_sender.sent[0][0])["text_output"] == [b" w0"]
+    assert [entry[1] for entry in _entries(channel_sender.sent[0][0])] == [" w0"]
     ((error, flags),) = own.sent
     assert error.error.message == "request failed: boom"
     assert flags == TensorPb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -84,7 +89,7 @@ def test_closing_flushes_then_completes_and_a_closed_channel_sends_nothing():
     assert channel.add(("a", " x", "", 1, 1, 0, False))
     assert not channel.add(("a", " y", "", 1, 2, 0, False))
     channel.close()
-    assert _outputs(sender.sent[1][0])["text_output"] == [b" x", b" y"]
+    assert [entry[1] for entry in _entries(sender.sent[1][0])] == [" x", " y"]
     assert sender.sent[2] == (None, TensorPb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
     channel.add(("a", " z", "", 1, 3, 0, False))
     channel.flush()
@@ -93,7 +98,6 @@ def test_closing_flushes_then_completes_and_a_closed_channel_sends_nothing():
 
 
 def _control(data) -> np.ndarray:
-    import json
     return np.array([json.dumps(data).encode()], dtype=np.object_)
 
 
