@@ -11,7 +11,7 @@ A template known here word for word (`NATIVE_RENDERERS`, by its exact source) re
 Python instead, for the messages it can take (every role and content a string, no extra
 variables; anything else goes through Jinja): the same text (tests/replica/
 test_chat_template_native.py compares the two on generated messages), in 1.5-4.3 us instead
-of 37-44 (Jinja's sandbox; one message, four messages; AMD EPYC Zen 4).
+of 37-44 (Jinja's sandbox; one message, four messages; AMD EPYC Zen 2, AVX2).
 """
 from __future__ import annotations
 

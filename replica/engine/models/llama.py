@@ -74,8 +74,14 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 def _packing_available() -> bool:
+    """Whether oneDNN packs bfloat16 weights on this CPU: it needs AVX512 (BW, VL, DQ) or
+    AVX-NE-CONVERT, and says so by refusing (an AVX2-only CPU, e.g. AMD Zen 2: measured);
+    asked once, with a tiny weight."""
     try:
-        return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+        if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")):
+            return False
+        torch.ops.mkldnn._reorder_linear_weight(torch.zeros(16, 16, dtype=torch.bfloat16), 1)
+        return True
     except (AttributeError, RuntimeError):
         return False
 
