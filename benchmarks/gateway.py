@@ -180,7 +180,10 @@ async def run(args, replica: str) -> dict:
         limits = httpx.Limits(max_connections=args.streams * 2, max_keepalive_connections=args.streams)
         async with httpx.AsyncClient(timeout=600, limits=limits) as http:
             raw = RawClient(fleet.base_url, max_connections=args.streams * 2)
-            triton = TritonReplicaClient(first_token_timeout=600, token_timeout=600)
+            # The direct side reads as a Triton client does, one response per token and
+            # request (`--direct-channels`: batched on channels, as the platform reads).
+            triton = TritonReplicaClient(first_token_timeout=600, token_timeout=600,
+                                         channels=args.direct_channels)
             if args.client == "raw":
                 def plat_call(i, n, stream=True):
                     return via_platform_raw(raw, fleet, i, n, stream)
@@ -235,6 +238,7 @@ async def run(args, replica: str) -> dict:
         "api_processes": args.api_processes,
         "client": args.client,
         "admission_slots_per_replica": slots,
+        "direct_channels": args.direct_channels,
         "platform_tokens_per_s": round(tps["platform"], 2),
         "direct_tokens_per_s": round(tps["direct"], 2),
         "relay_efficiency": round(tps["platform"] / tps["direct"], 4),
@@ -276,6 +280,8 @@ def main() -> None:
                         help="the platform side's HTTP client: raw (benchmarks/raw_http.py, as "
                              "lean as the direct side's gRPC client) or httpx (what rounds "
                              "before frontdoor9 used)")
+    parser.add_argument("--direct-channels", action="store_true",
+                        help="the direct side reads on channels too (replica/backend/channel.py)")
     parser.add_argument("--smoke", action="store_true",
                         help="a tiny run (seconds) that only proves the benchmark still works")
     args = parser.parse_args()

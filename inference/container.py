@@ -102,6 +102,7 @@ def build_container(tokenizers: TokenizerCache) -> Container:
         access_token=settings.REPLICA_ACCESS_TOKEN,
         calls_per_replica=settings.TRITON_CALLS_PER_REPLICA,
         call_idle_s=settings.TRITON_CALL_IDLE_SECONDS,
+        channels=settings.TRITON_CHANNELS,
     )
     router = Router(
         ReplicaDirectory(clock, settings.REGISTRY_CACHE_TTL_SECONDS),

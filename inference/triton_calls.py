@@ -22,6 +22,14 @@ A gRPC call per request cost the API process ~0.4-0.5 ms of CPU before its first
   was killed after its unload timeout (15 s), where with the call half-closed it stops in ~3 s
   (measured with the real replica; tests/replica/test_replica_access.py).
 
+Channels (replica/backend/channel.py): a call opens one per model on its first request for
+it (a control request the replica acknowledges); once acknowledged, the call's requests name it
+and their outputs come back batched, one response per replica flush for every request on the
+call, which the reader hands out entry by entry (`ChannelSupport.entries`). Until then, and for
+good with a replica that refuses channels (an older one), requests stream on their own
+responses. The call closes its channels before it half-closes (else the replica's channel
+requests would keep it open).
+
 Cancelling one request is the caller's business (the abort control request, sent on the same
 call: see TritonReplicaClient.stream); cancelling the call would cancel every request on it.
 """
@@ -29,7 +37,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Callable
+import itertools
+import os
+import secrets
+from typing import Callable, Protocol
 
 import grpc
 
@@ -63,12 +74,31 @@ class Inbox:
             wait.set_result(None)
 
 
+class ChannelSupport(Protocol):
+    """How a call speaks the replica's channel protocol (inference/triton_client.py)."""
+
+    def command(self, model_name: str, channel_id: str, open_: bool): ...
+
+    def is_ack(self, response) -> bool: ...
+
+    def entries(self, response) -> list[tuple[str, object]]: ...
+
+
+_CHANNEL_IDS = itertools.count()
+# Unique across the API processes of every host a replica serves (a pid alone repeats).
+_CHANNEL_PREFIX = f"channel-{os.getpid()}-{secrets.token_hex(6)}"
+OPENING, OPEN, REFUSED = "opening", "open", "refused"
+
+
 class SharedCall:
     def __init__(self, open_call: Callable[[], grpc.aio.StreamStreamCall],
-                 on_end: Callable[["SharedCall"], None]):
+                 on_end: Callable[["SharedCall"], None], channels: ChannelSupport | None = None):
         self._loop = asyncio.get_running_loop()
         self._call = open_call()
         self._on_end = on_end
+        self._channels = channels
+        self._channel_of: dict[str, list] = {}  # model -> [channel id, state]
+        self._channel_models: dict[str, str] = {}  # channel id -> model
         self.inboxes: dict[str, Inbox] = {}
         self.idle_since: float | None = self._loop.time()
         self.closing = False
@@ -80,6 +110,47 @@ class SharedCall:
 
     def __len__(self) -> int:
         return len(self.inboxes)
+
+    def channel(self, model_name: str) -> str | None:
+        """The channel a request for `model_name` names: its id once the replica acknowledged
+        it; None before (the first request for the model opens it) and when refused."""
+        entry = self._channel_of.get(model_name)
+        if entry is not None:
+            return entry[0] if entry[1] == OPEN else None
+        if self._channels is None or self.closing or self.error is not None:
+            return None
+        channel_id = f"{_CHANNEL_PREFIX}-{next(_CHANNEL_IDS)}"
+        self._channel_of[model_name] = [channel_id, OPENING]
+        self._channel_models[channel_id] = model_name
+        self.send(self._channels.command(model_name, channel_id, True))
+        return None
+
+    def _close_channels(self) -> None:
+        for model_name, entry in self._channel_of.items():
+            if entry[1] == OPEN:
+                entry[1] = REFUSED  # closed: no request names it any more
+                self.send(self._channels.command(model_name, entry[0], False))
+
+    def _on_channel(self, channel_id: str, response) -> None:
+        """The reader, for a response on one of this call's channels."""
+        entry = self._channel_of[self._channel_models[channel_id]]
+        if response.error_message:  # a replica without channels refused to open one
+            if entry[1] == OPENING:
+                logger.info("the replica refused a channel (%s): requests stream on their own",
+                            response.error_message)
+            entry[1] = REFUSED
+            return
+        if entry[1] == OPENING and self._channels.is_ack(response.infer_response):
+            entry[1] = OPEN
+            if self.closing:
+                self._close_channels()
+            return
+        inboxes = self.inboxes
+        for request_id, chunk in self._channels.entries(response.infer_response):
+            inbox = inboxes.get(request_id)
+            if inbox is not None:  # else a request its caller has left
+                inbox.responses.append(chunk)
+                inbox._wake()
 
     def open(self, request_id: str) -> Inbox:
         inbox = self.inboxes[request_id] = Inbox()
@@ -131,6 +202,9 @@ class SharedCall:
                 request_id = response.infer_response.id
                 inbox = inboxes.get(request_id)
                 if inbox is None:
+                    if request_id in self._channel_models:
+                        self._on_channel(request_id, response)
+                        continue
                     if response.error_message and not request_id:
                         # A refusal that names no request: every request on the call gets it.
                         self._end(ReplicaStreamError(response.error_message), response)
@@ -170,6 +244,10 @@ class SharedCall:
         self.closing = True
         try:
             async with asyncio.timeout(timeout_s):
+                if self.error is None:
+                    self._close_channels()
+                while self._writer is not None:  # the channels' closes go out first
+                    await asyncio.wait((self._writer,))
                 await self._call.done_writing()
                 await asyncio.wait((self._reader,))
         except asyncio.CancelledError:
@@ -190,8 +268,9 @@ class CallPool:
     """Up to `size` shared calls to one replica address."""
 
     def __init__(self, open_call: Callable[[], grpc.aio.StreamStreamCall], size: int,
-                 idle_s: float):
+                 idle_s: float, channels: ChannelSupport | None = None):
         self._open_call = open_call
+        self._channels = channels
         self._size = max(1, size)
         self._idle_s = idle_s
         self.calls: list[SharedCall] = []
@@ -207,7 +286,7 @@ class CallPool:
                 if not best.inboxes:
                     break
         if best is None or (best.inboxes and len(self.calls) < self._size):
-            best = SharedCall(self._open_call, self._forget)
+            best = SharedCall(self._open_call, self._forget, self._channels)
             self.calls.append(best)
             if self._reaper is None:
                 self._arm_reaper()

@@ -27,6 +27,7 @@ import time
 from typing import AsyncIterator
 
 import grpc
+import orjson
 from tritonclient.grpc import InferResult, KeepAliveOptions, service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
@@ -93,8 +94,46 @@ def build_control_request(model_name: str, request_ids: list[str], abort: bool,
     return request
 
 
-def build_request(request: ReplicaRequest) -> service_pb2.ModelInferRequest:
-    """The generation request as Triton's protobuf message."""
+def build_channel_command(model_name: str, channel_id: str,
+                          open_: bool) -> service_pb2.ModelInferRequest:
+    """Open a channel (this request becomes it) or close it (replica/backend/channel.py)."""
+    command = {"channel": channel_id, "open": True} if open_ else {"channel": channel_id,
+                                                                  "close": True}
+    request = service_pb2.ModelInferRequest(
+        model_name=model_name, id=channel_id if open_ else f"close-{channel_id}")
+    _add(request, "control", "BYTES", 1, _bytes_tensor(json.dumps(command)))
+    return request
+
+
+def parse_channel_batch(response) -> list[tuple[str, ReplicaChunk]]:
+    """A channel's batch (ModelInferResponse; replica/backend/channel.py): (request id, chunk)
+    per entry, in order."""
+    try:
+        raw = response.raw_output_contents[0]
+        entries = orjson.loads(raw[4:4 + int.from_bytes(raw[:4], "little")])
+        return [(entry[0], ReplicaChunk(entry[1], entry[2], entry[3], entry[4], entry[5],
+                                        entry[6])) for entry in entries]
+    except (IndexError, TypeError, orjson.JSONDecodeError) as exc:
+        raise ReplicaStreamError(f"unreadable channel batch: {exc}") from exc
+
+
+class _Channels:
+    """The channel protocol for SharedCall (inference/triton_calls.ChannelSupport)."""
+
+    command = staticmethod(build_channel_command)
+
+    @staticmethod
+    def is_ack(response) -> bool:
+        outputs = response.outputs
+        return len(outputs) == 1 and outputs[0].name == "control_output"
+
+    entries = staticmethod(parse_channel_batch)
+
+
+def build_request(request: ReplicaRequest,
+                  channel: str | None = None) -> service_pb2.ModelInferRequest:
+    """The generation request as Triton's protobuf message (`channel`: the channel its
+    outputs go out on)."""
     sampling = {
         "max_tokens": request.max_tokens,
         "temperature": request.temperature,
@@ -114,6 +153,8 @@ def build_request(request: ReplicaRequest) -> service_pb2.ModelInferRequest:
     if request.prompt_token_ids is not None:
         ids = request.prompt_token_ids
         _add(message, "input_ids", "INT64", len(ids), struct.pack(f"<{len(ids)}q", *ids))
+    if channel is not None:
+        _add(message, "channel", "BYTES", 1, _bytes_tensor(channel))
     return message
 
 
@@ -309,13 +350,15 @@ class TritonReplicaClient:
     for comparison: `TRITON_CALLS_PER_REPLICA=0`)."""
 
     def __init__(self, first_token_timeout: float, token_timeout: float, access_token: str = "",
-                 calls_per_replica: int = 16, call_idle_s: float = 1.0):
+                 calls_per_replica: int = 16, call_idle_s: float = 1.0,
+                 channels: bool = True):
         self._first_token_timeout = first_token_timeout
         self._token_timeout = token_timeout
         headers = grpc_headers(access_token)
         self._metadata = tuple(headers.items()) if headers else ()
         self._calls_per_replica = calls_per_replica
         self._call_idle_s = call_idle_s
+        self._channels = channels
         self._stubs: dict[str, tuple[grpc.aio.Channel, service_pb2_grpc.GRPCInferenceServiceStub]] = {}
         self._pools: dict[str, CallPool] = {}
         self._control_ids = itertools.count()
@@ -334,7 +377,7 @@ class TritonReplicaClient:
             stub, metadata = self._stub(address), self._metadata
             pool = self._pools[address] = CallPool(
                 lambda: stub.ModelStreamInfer(metadata=metadata), self._calls_per_replica,
-                self._call_idle_s)
+                self._call_idle_s, _Channels() if self._channels else None)
         return pool
 
     def _call(self, address: str, message):
@@ -353,8 +396,9 @@ class TritonReplicaClient:
                              request: ReplicaRequest) -> AsyncIterator[ReplicaChunk]:
         request_id = request.request_id
         call = self._pool(address).pick(request_id)
+        channel = call.channel(request.model_name) if self._channels else None
         inbox = call.open(request_id)
-        call.send(build_request(request))
+        call.send(build_request(request, channel))
         ended = False  # the replica ended the request (its final response, or an error)
         chunk = None
         watch = _SilenceWatch(self._first_token_timeout)
@@ -382,8 +426,13 @@ class TritonReplicaClient:
                     continue
                 responses, inbox.responses = inbox.responses, []
                 for response in responses:
-                    ended = True  # an error reply ends the request too
-                    chunk = _chunk_of(response, chunk)
+                    if type(response) is ReplicaChunk:  # a channel's entry
+                        chunk = response
+                    elif not (response.error_message or response.infer_response.outputs):
+                        continue  # an empty completion (a request on a channel ends so)
+                    else:
+                        ended = True  # an error reply ends the request too
+                        chunk = _chunk_of(response, chunk)
                     ended = chunk.final
                     watch.answered(self._token_timeout)
                     yield chunk

@@ -284,6 +284,10 @@ TRITON_TOKEN_TIMEOUT_SECONDS = env_float("TRITON_TOKEN_TIMEOUT_SECONDS", 60.0)
 # 0: one call per request (the former way).
 TRITON_CALLS_PER_REPLICA = env_int("TRITON_CALLS_PER_REPLICA", 16)
 TRITON_CALL_IDLE_SECONDS = env_float("TRITON_CALL_IDLE_SECONDS", 1.0)
+# A shared call's requests get their tokens batched on a channel (one response per replica
+# flush for all of them: replica/backend/channel.py) where the replica takes one. 0: a
+# response per token and request, as before.
+TRITON_CHANNELS = env_bool("TRITON_CHANNELS", True)
 
 # A client's X-Request-Id is kept if no request used it within this long (else a fresh id).
 REQUEST_ID_CLAIM_SECONDS = env_int("REQUEST_ID_CLAIM_SECONDS", 24 * 3600)

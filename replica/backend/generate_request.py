@@ -1,7 +1,8 @@
 """GenerateRequest: one Triton request's input tensors, validated.
 
 The tensor interface mirrors Triton's vLLM backend (`text_input`, `stream`, `sampling_parameters`,
-`exclude_input_in_output`) plus our optional `input_ids`, `priority`, `cache_salt` and `tenant`.
+`exclude_input_in_output`) plus our optional `input_ids`, `priority`, `cache_salt`, `tenant` and
+`channel`.
 Triton's HTTP `generate_stream` does not enforce required inputs, so everything is checked here;
 every failure is an InvalidRequestError whose message names the offending input.
 """
@@ -24,7 +25,9 @@ INPUT_NAMES = (
     "priority",
     "cache_salt",
     "tenant",
+    "channel",
 )
+MAX_CHANNEL_ID = 128
 _INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
 
 
@@ -38,6 +41,7 @@ class GenerateRequest:
     priority: int = 0
     cache_salt: str = ""
     tenant: str = ""
+    channel: str = ""  # the channel its responses go out on (replica/backend/channel.py)
 
     @classmethod
     def from_inputs(cls, inputs: Mapping[str, np.ndarray | None]) -> "GenerateRequest":
@@ -62,7 +66,15 @@ class GenerateRequest:
             priority=_optional_int32(inputs, "priority", default=0),
             cache_salt=_optional_text(inputs, "cache_salt") or "",
             tenant=_optional_text(inputs, "tenant") or "",
+            channel=_channel(inputs),
         )
+
+
+def _channel(inputs: Mapping[str, np.ndarray | None]) -> str:
+    channel = _optional_text(inputs, "channel") or ""
+    if len(channel) > MAX_CHANNEL_ID:
+        raise InvalidRequestError(f"channel is longer than {MAX_CHANNEL_ID} characters")
+    return channel
 
 
 def _scalar(inputs: Mapping[str, np.ndarray | None], name: str) -> Any | None:

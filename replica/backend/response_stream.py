@@ -12,6 +12,8 @@ here per token and per sequence, on the engine's thread, and read per token by t
 (three fewer tensors to build, send and parse; a reader keeps the first response's counts).
 
 Invariants: exactly one response carries the final flag; with `stream=False` it is the only one.
+With a `channel` (replica/backend/channel.py) every output is an entry of the channel's batches
+instead, and the request completes with a bare final flag; errors still go out on its own sender.
 `on_output` runs on the engine loop thread; `is_cancelled()` costs ~60 us, so it is polled every
 `poll_every` outputs and, for requests that produce nothing (still waiting), by `poll_idle`.
 """
@@ -36,6 +38,8 @@ class ResponseStream:
         prompt_prefix: str = "",
         on_cancel: Callable[[str], None],
         poll_every: int = 8,
+        channel: Any = None,
+        schedule_flush: Callable[[], None] | None = None,
     ) -> None:
         self._pb = pb_utils
         self._sender = sender
@@ -47,6 +51,10 @@ class ResponseStream:
         self._text_parts: list[str] = []  # stream=False: the whole text so far
         self._num_outputs = 0
         self._sent_any = False  # the first response carries every output
+        # Outputs go to a channel (replica/backend/channel.py) as entries; `schedule_flush`
+        # sends the channel's batch after the outputs already queued for the sender thread.
+        self._channel = channel
+        self._schedule_flush = schedule_flush
         self._num_outputs_at_last_idle_check = 0
         self._cancel_requested = False
         self.closed = False
@@ -70,15 +78,32 @@ class ResponseStream:
                 self._maybe_poll()
                 return
             text = "".join(self._text_parts)
-        self._send(self._response(text, output), final=output.finished)
+        if self._channel is not None:
+            self._to_channel(text, output)
+        else:
+            self._send(self._response(text, output), final=output.finished)
         if not output.finished:
             self._maybe_poll()
+
+    def _to_channel(self, text: str, output: RequestOutput) -> None:
+        finish_reason = ""
+        if output.finished and output.finish_reason is not None:
+            finish_reason = getattr(output.finish_reason, "value", str(output.finish_reason))
+        if self._channel.add((self.request_id, text, finish_reason, output.num_prompt_tokens,
+                              output.num_output_tokens, output.num_cached_tokens,
+                              output.finished)):
+            self._schedule_flush()
+        if output.finished:  # Triton's request completes; its last entry is in the channel
+            self.closed = True
+            self._sender.send(flags=self._pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 
     def fail(self, message: str, code: Any = None) -> None:
         """End the stream with an error response (the request only; the model keeps serving)."""
         if self.closed:
             return
         error = self._pb.TritonError(message) if code is None else self._pb.TritonError(message, code)
+        if self._channel is not None:  # its outputs so far go out before its error
+            self._channel.flush()
         self._send(self._pb.InferenceResponse(output_tensors=[], error=error), final=True)
 
     def poll_idle(self) -> None:

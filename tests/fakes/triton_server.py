@@ -119,6 +119,58 @@ class FakeState:
     arrived: asyncio.Event = field(default_factory=asyncio.Event)  # set by every generation
     calls_open: int = 0  # ModelStreamInfer calls open now
     calls_total: int = 0  # ModelStreamInfer calls ever opened
+    channels: bool = True  # False: refuses channels, as a replica from before them
+    channels_open: int = 0
+    channel_batches: int = 0  # batches sent on channels
+    channel_entries: int = 0  # outputs sent in them
+
+
+def channel_ack(request):
+    """A channel's acknowledgement (replica/backend/channel.py): only `control_output`."""
+    response = service_pb2.ModelInferResponse(model_name=request.model_name, id=request.id)
+    response.outputs.add(name="control_output", datatype="BYTES", shape=[1])
+    response.raw_output_contents.append(
+        serialize_byte_tensor(np.array([b'{"channel": "open"}'], dtype=np.object_)).item())
+    return service_pb2.ModelStreamInferResponse(infer_response=response)
+
+
+def channel_batch(model_name: str, channel_id: str, entries: list[tuple]):
+    """One batch: (request id, text, finish reason, prompt, output, cached, final) per entry,
+    as the JSON list the replica writes (replica/backend/channel.py)."""
+    response = service_pb2.ModelInferResponse(model_name=model_name, id=channel_id)
+    response.outputs.add(name="channel_output", datatype="BYTES", shape=[1])
+    payload = json.dumps(entries, ensure_ascii=False, separators=(",", ":")).encode()
+    response.raw_output_contents.append(
+        serialize_byte_tensor(np.array([payload], dtype=np.object_)).item())
+    return service_pb2.ModelStreamInferResponse(infer_response=response)
+
+
+class _Call:
+    """One ModelStreamInfer call: its response queue and its channels' pending entries (one
+    batch per turn of the event loop, like the replica's one per engine step)."""
+
+    def __init__(self, state: FakeState, queue: asyncio.Queue):
+        self.state = state
+        self.queue = queue
+        self.channels: dict[str, tuple[str, list]] = {}  # id -> (model name, pending)
+        self._flushing: set[str] = set()
+
+    def add(self, channel_id: str, entry: tuple) -> None:
+        self.channels[channel_id][1].append(entry)
+        if channel_id not in self._flushing:
+            self._flushing.add(channel_id)
+            asyncio.get_running_loop().call_soon(self.flush, channel_id)
+
+    def flush(self, channel_id: str) -> None:
+        self._flushing.discard(channel_id)
+        channel = self.channels.get(channel_id)
+        if channel is None or not channel[1]:
+            return
+        model_name, pending = channel
+        entries, pending[:] = list(pending), []
+        self.state.channel_batches += 1
+        self.state.channel_entries += len(entries)
+        self.queue.put_nowait(channel_batch(model_name, channel_id, entries))
 
 
 class FakeTriton(service_pb2_grpc.GRPCInferenceServiceServicer):
@@ -137,11 +189,12 @@ class FakeTriton(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     async def ModelStreamInfer(self, request_iterator, context):
         queue: asyncio.Queue = asyncio.Queue()
+        call = _Call(self.state, queue)
         tasks: set[asyncio.Task] = set()  # one per request in flight on this call
 
         async def reader():
             async for request in request_iterator:
-                task = asyncio.create_task(self._generate(request, queue))
+                task = asyncio.create_task(self._generate(request, queue, call))
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
             await asyncio.gather(*tasks, return_exceptions=True)
@@ -155,15 +208,23 @@ class FakeTriton(service_pb2_grpc.GRPCInferenceServiceServicer):
                 yield item
         finally:
             self.state.calls_open -= 1
+            self.state.channels_open -= len(call.channels)
             read_task.cancel()
             for task in list(tasks):
                 task.cancel()
 
-    async def _generate(self, request, queue: asyncio.Queue) -> None:
+    async def _generate(self, request, queue: asyncio.Queue, call: _Call) -> None:
         inputs = decode_inputs(request)
         if "control" in inputs:
-            await queue.put(await self._control(request, json.loads(inputs["control"][0])))
+            command = json.loads(inputs["control"][0])
+            if "channel" in command:
+                await queue.put(self._channel_command(request, command, call))
+                return
+            await queue.put(await self._control(request, command))
             return
+        channel = inputs["channel"][0].decode() if "channel" in inputs else ""
+        if channel and channel not in call.channels:
+            channel = ""  # not open on this call: the request's own responses
         self.state.num_requests += 1
         self.state.arrived.set()
         text = inputs["text_input"][0].decode() if "text_input" in inputs else ""
@@ -209,20 +270,40 @@ class FakeTriton(service_pb2_grpc.GRPCInferenceServiceServicer):
                 await asyncio.sleep(5.0)  # the fake's behaviour: a long prefill
             for index in range(limit):
                 if "[die-after-2]" in text and index == 2:
+                    if channel:  # its tokens so far go out before its error, as the replica's
+                        call.flush(channel)
                     await queue.put(error_response(request, "engine died mid-stream (fake)"))
                     return
                 last = index == limit - 1
                 entry["output_tokens"] = index + 1
                 if last:
                     entry["finish_reason"] = finish
-                await queue.put(encode_response(request, f" t{index}", finish if last else "",
-                                                num_in, index + 1, last,
-                                                lean=0 < index < limit - 1))
+                if channel:  # one token per turn of the loop: per batch, like an engine step
+                    call.add(channel, (request.id, f" t{index}", finish if last else "", num_in,
+                                       index + 1, 0, last))
+                else:
+                    await queue.put(encode_response(request, f" t{index}",
+                                                    finish if last else "", num_in, index + 1,
+                                                    last, lean=0 < index < limit - 1))
                 await asyncio.sleep(delay)  # the fake's behaviour: `[slow]` pacing
         finally:
             self.state.num_running -= 1
             entry["state"] = "finished"
             self.state.tasks.pop(request.id, None)
+
+    def _channel_command(self, request, command: dict, call: _Call):
+        channel_id = command["channel"]
+        if not self.state.channels:
+            return error_response(request, "invalid request: control.usage must be a list of "
+                                           "at most 1000 request ids")
+        if command.get("open"):
+            call.channels[channel_id] = (request.model_name, [])
+            self.state.channels_open += 1
+            return channel_ack(request)
+        call.flush(channel_id)
+        if call.channels.pop(channel_id, None) is not None:
+            self.state.channels_open -= 1
+        return control_response(request, {"channel": "closed"})
 
     async def _control(self, request, command: dict):
         ids = command["usage"]

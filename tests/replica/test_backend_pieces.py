@@ -40,8 +40,10 @@ def test_optional_inputs():
         "priority": np.array([-2], dtype=np.int32),
         "cache_salt": text("tenant-a"),
         "tenant": text("a"),
+        "channel": text("channel-1-0"),
     })
     assert request.prompt_token_ids == (5, 6, 7) and request.text == ""
+    assert request.channel == "channel-1-0"
     assert request.params.max_tokens == 3 and request.params.greedy and request.params.stop == ("\n",)
     assert (request.priority, request.cache_salt, request.tenant) == (-2, "tenant-a", "a")
 
@@ -59,6 +61,7 @@ def test_optional_inputs():
     ({"text_input": text("x"), "stream": np.array([1], dtype=np.int32)}, "stream must be BOOL"),
     ({"input_ids": np.array([1.5])}, "INT64"),
     ({"text_input": text("x"), "priority": np.array([2**40], dtype=np.int64)}, "INT32"),
+    ({"text_input": text("x"), "channel": text("c" * 129)}, "channel is longer"),
 ])
 def test_invalid_inputs_name_the_problem(inputs, needle):
     with pytest.raises(InvalidRequestError) as info:

@@ -212,6 +212,62 @@ async def test_concurrent_streams_interleave_and_match_solo(replica):
     assert peak["running"] > 1
 
 
+class _CountingChannels:
+    """The platform client's channel protocol, counting the batches it reads."""
+
+    def __init__(self, inner):
+        self._inner, self.batches = inner, []
+
+    def command(self, *args):
+        return self._inner.command(*args)
+
+    def is_ack(self, response):
+        return self._inner.is_ack(response)
+
+    def entries(self, response):
+        entries = self._inner.entries(response)
+        self.batches.append(len(entries))
+        return entries
+
+
+@pytest.mark.asyncio
+async def test_the_platform_client_reads_the_tokens_of_concurrent_requests_in_batches(replica):
+    """The platform's client opens a channel on its shared call (replica/backend/channel.py):
+    the replica then sends each flush's outputs of every request on the call in one response.
+    The tokens are the ones each request gets on its own responses."""
+    from inference.replica_client import ReplicaRequest
+    from inference.triton_client import TritonReplicaClient
+
+    def request(name: str, prompt: str) -> ReplicaRequest:
+        return ReplicaRequest(request_id=f"{name}-{time.monotonic_ns()}", model_name=MODEL,
+                              prompt_text=prompt, prompt_token_ids=None, max_tokens=10,
+                              temperature=0.0, top_p=1.0, seed=0, stop=(), priority=0,
+                              tenant="t")
+
+    async def collect(client, name, prompt):
+        return [chunk async for chunk in client.stream(replica.grpc_url, request(name, prompt))]
+
+    alone = TritonReplicaClient(first_token_timeout=120, token_timeout=60, channels=False)
+    solo = [await collect(alone, "solo", prompt) for prompt in PROMPTS[:4]]
+    await alone.close()
+    client = TritonReplicaClient(first_token_timeout=120, token_timeout=60, calls_per_replica=1)
+    await collect(client, "opener", PROMPTS[4])  # opens the call's channel meanwhile
+    (call,) = client._pools[replica.grpc_url].calls
+    assert call._channel_of[MODEL][1] == "open"
+    call._channels = counting = _CountingChannels(call._channels)
+    together = await asyncio.gather(*(collect(client, "ch", prompt) for prompt in PROMPTS[:4]))
+    await client.close()
+    for alone_chunks, chunks in zip(solo, together):
+        assert "".join(c.text for c in chunks) == "".join(c.text for c in alone_chunks)
+        assert [c.num_output_tokens for c in chunks] == list(range(1, len(chunks) + 1))
+        assert [c.final for c in chunks] == [False] * (len(chunks) - 1) + [True]
+        final, alone_final = chunks[-1], alone_chunks[-1]
+        assert (final.finish_reason, final.num_output_tokens, final.num_input_tokens) == (
+            alone_final.finish_reason, alone_final.num_output_tokens, alone_final.num_input_tokens)
+    assert sum(counting.batches) == sum(len(chunks) for chunks in together)
+    assert max(counting.batches) > 1  # an engine step's tokens of several requests together
+
+
 @pytest.mark.asyncio
 async def test_cancelled_stream_frees_its_blocks(replica):
     client = grpc_aio.InferenceServerClient(replica.grpc_url)

@@ -34,7 +34,8 @@ for _path in reversed(os.environ.get("PYTHONPATH", "").split(os.pathsep)):
 import triton_python_backend_utils as pb_utils  # noqa: E402
 
 from replica.backend import error_messages
-from replica.backend.control_request import ControlRequest, control_reply
+from replica.backend.channel import Channel
+from replica.backend.control_request import ChannelCommand, ControlRequest, control_reply, parse_control
 from replica.backend.drain_watcher import DrainWatcher
 from replica.backend.engine_metrics import EngineMetrics
 from replica.backend.vllm_metrics import VllmMetrics
@@ -47,6 +48,9 @@ from replica.engine.engine_loop import EngineDeadError, EngineLoop, EngineUnavai
 from replica.engine.sampling_params import InvalidRequestError
 
 _log = logging.getLogger("replica.model")
+
+
+CHANNEL_WATCH_S = 0.5  # how often channels are checked for a stream that is gone
 
 
 class TritonPythonModel:
@@ -65,6 +69,8 @@ class TritonPythonModel:
         self._tokenizer = self._engine.tokenizer
         self._streams: dict[str, ResponseStream] = {}
         self._streams_lock = threading.Lock()
+        self._channels: dict[str, Channel] = {}  # open channels by id (replica/backend/channel.py)
+        self._channels_stop = threading.Event()
         info = {"dtype": dtype_name(self._engine.dtype), "quantization": engine_config.quantization}
         _log.info("loaded: compute dtype %s (asked %s), quantization %s", info["dtype"], engine_config.dtype,
                   info["quantization"])
@@ -80,6 +86,7 @@ class TritonPythonModel:
         self._control = ThreadPoolExecutor(max_workers=2, thread_name_prefix="control")
         self._loop = EngineLoop(self._engine, on_tick=self._on_tick, on_dead=self._on_dead)
         self._loop.start()
+        threading.Thread(target=self._watch_channels, name="channel-watch", daemon=True).start()
         self._engine.on_failure(self._loop.inject_fault)  # a dead tensor-parallel worker kills the loop
         self._fault_trigger = None
         if parameters.fault_file:
@@ -107,8 +114,11 @@ class TritonPythonModel:
             try:
                 control = pb_utils.get_input_tensor_by_name(request, "control")
                 if control is not None:
-                    command = ControlRequest.from_input(control.as_numpy())
-                    self._control.submit(self._answer_control, command, sender)
+                    command = parse_control(control.as_numpy())
+                    if isinstance(command, ChannelCommand):
+                        self._channel_command(command, sender)
+                    else:
+                        self._control.submit(self._answer_control, command, sender)
                     continue
                 self._submit(request, sender)
             except InvalidRequestError as exc:
@@ -131,6 +141,11 @@ class TritonPythonModel:
         self._loop.stop()
         self._engine.close()  # tensor-parallel workers, if any
         self._control.shutdown(wait=False, cancel_futures=True)
+        self._channels_stop.set()
+        with self._streams_lock:
+            channels, self._channels = list(self._channels.values()), {}
+        for channel in channels:  # after the final responses the loop just produced
+            self._sender.submit(channel.close)
         self._sender.shutdown(wait=True)  # flush the final responses the loop just produced
         self._metrics.close()  # metrics before their families, before the stub tears down
         self._vllm_metrics.close()
@@ -160,8 +175,17 @@ class TritonPythonModel:
         _log.info("request %s: %d prompt tokens, max_tokens %s", request_id, len(prompt_token_ids),
                   generate.params.max_tokens)
         self._vllm_metrics.arrived(request_id)
+        channel = None
+        if generate.channel:
+            with self._streams_lock:
+                channel = self._channels.get(generate.channel)
+            if channel is None:  # closed meanwhile, or never opened: its own responses
+                _log.warning("request %s: no open channel %s; answering on its own", request_id,
+                             generate.channel)
         stream = ResponseStream(
-            pb_utils, sender, request_id, stream=generate.stream, prompt_prefix=prefix, on_cancel=self._loop.abort
+            pb_utils, sender, request_id, stream=generate.stream, prompt_prefix=prefix, on_cancel=self._loop.abort,
+            channel=channel,
+            schedule_flush=None if channel is None else (lambda: self._sender.submit(channel.flush)),
         )
         with self._streams_lock:
             self._streams[request_id] = stream
@@ -224,6 +248,52 @@ class TritonPythonModel:
         except Exception as exc:  # noqa: BLE001 - answer every request with a final response
             _log.exception("control request failed")
             _send_error(sender, f"{error_messages.REQUEST_FAILED} {exc!r}", pb_utils.TritonError.INTERNAL)
+
+    def _channel_command(self, command: ChannelCommand, sender) -> None:
+        """Execute thread: open a channel (this request becomes it) or close one (this request
+        is answered once the channel's request completed). Sent on the sender thread, in order
+        with the outputs."""
+        if command.open:
+            channel = Channel(pb_utils, sender, command.channel)
+            with self._streams_lock:
+                if command.channel in self._channels:
+                    raise InvalidRequestError(f"channel {command.channel} is already open")
+                self._channels[command.channel] = channel
+            self._sender.submit(channel.acknowledge)
+            return
+        with self._streams_lock:
+            channel = self._channels.pop(command.channel, None)
+
+        def close() -> None:
+            if channel is not None:
+                channel.close()
+            reply = pb_utils.Tensor("control_output", np.array([b'{"channel":"closed"}'], dtype=np.object_))
+            final = pb_utils.Tensor("final", np.array([True], dtype=np.bool_))
+            sender.send(pb_utils.InferenceResponse(output_tensors=[reply, final]),
+                        flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+
+        self._sender.submit(close)
+
+    def _watch_channels(self) -> None:
+        """Watch thread: a channel whose stream is gone (the platform process died, its
+        connection dropped) is completed, busy engine or not: Triton does not unload a model
+        with a request in flight."""
+        while not self._channels_stop.wait(CHANNEL_WATCH_S):
+            with self._streams_lock:
+                channels = list(self._channels.values())
+            gone = [channel for channel in channels if channel.gone()]  # IPC: off the lock
+            with self._streams_lock:
+                for channel in gone:
+                    self._channels.pop(channel.channel_id, None)
+            for channel in gone:
+                self._sender.submit(self._close_gone, channel)
+
+    @staticmethod
+    def _close_gone(channel: Channel) -> None:
+        try:
+            channel.close()
+        except Exception:  # noqa: BLE001 - its stream is gone
+            channel.closed = True
 
     def _forget(self, request_id: str) -> None:
         with self._streams_lock:

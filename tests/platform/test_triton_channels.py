@@ -1,0 +1,90 @@
+"""Channels (replica/backend/channel.py, inference/triton_calls.py): the tokens of the requests
+on a shared call come back batched on one open request, against the fake replica over real
+gRPC."""
+import asyncio
+from contextlib import aclosing
+
+import pytest
+
+from inference.replica_client import ReplicaStreamError
+from inference.triton_client import TritonReplicaClient
+from tests.platform.test_triton_client import collect, tagged
+from tests.support.waiting import async_wait_until
+
+pytestmark = pytest.mark.asyncio
+
+
+async def _open_channel(client, address) -> None:
+    """A first request opens the call's channel; it streams on its own responses meanwhile."""
+    assert [c.text for c in await collect(client, address, tagged("opener"))] == [
+        " t0", " t1", " t2"]
+
+
+async def test_concurrent_streams_come_back_in_shared_batches(fake_replica):
+    client = TritonReplicaClient(first_token_timeout=10, token_timeout=10, calls_per_replica=1)
+    address = fake_replica.grpc_address
+    await _open_channel(client, address)
+    assert fake_replica.state.channels_open == 1
+    results = await asyncio.gather(*(collect(client, address, tagged(f"r{i}", max_tokens=16))
+                                     for i in range(8)))
+    for chunks in results:
+        assert [c.text for c in chunks] == [f" t{k}" for k in range(16)]
+        assert [c.num_output_tokens for c in chunks] == list(range(1, 17))
+        assert [c.final for c in chunks] == [False] * 15 + [True]
+        assert chunks[-1].finish_reason == "length" and chunks[-1].num_input_tokens == 3
+    state = fake_replica.state
+    assert state.channel_entries == 8 * 16
+    assert state.channel_batches < state.channel_entries  # requests shared batches
+    await client.close()
+
+
+async def test_a_replica_without_channels_streams_every_request_on_its_own(fake_replica):
+    fake_replica.state.channels = False
+    client = TritonReplicaClient(first_token_timeout=10, token_timeout=10, calls_per_replica=1)
+    address = fake_replica.grpc_address
+    await collect(client, address, tagged("opener"))
+    results = await asyncio.gather(*(collect(client, address, tagged(f"r{i}", max_tokens=5))
+                                     for i in range(4)))
+    assert all([c.text for c in chunks] == [f" t{k}" for k in range(5)] for chunks in results)
+    assert fake_replica.state.channel_batches == 0 and fake_replica.state.num_requests == 5
+    await client.close()
+
+
+async def test_an_idle_call_closes_its_channel_before_it_ends(fake_replica):
+    """The replica's channel request would keep the call open (and a draining replica
+    loaded): the client closes it, then half-closes the call."""
+    client = TritonReplicaClient(first_token_timeout=10, token_timeout=10, calls_per_replica=1,
+                                 call_idle_s=0.2)
+    await _open_channel(client, fake_replica.grpc_address)
+    assert fake_replica.state.channels_open == 1
+    await async_wait_until(lambda: fake_replica.state.calls_open == 0, 5.0,
+                           "the idle call closed by the client")
+    assert fake_replica.state.channels_open == 0
+    await client.close()
+
+
+async def test_a_failure_mid_stream_comes_after_the_tokens_before_it(fake_replica):
+    client = TritonReplicaClient(first_token_timeout=10, token_timeout=10, calls_per_replica=1)
+    address = fake_replica.grpc_address
+    await _open_channel(client, address)
+    seen = []
+    with pytest.raises(ReplicaStreamError, match="mid-stream"):
+        async for chunk in client.stream(address, tagged("dies", "[die-after-2]", 8)):
+            seen.append(chunk.text)
+    assert seen == [" t0", " t1"]
+    await client.close()
+
+
+async def test_an_abandoned_request_on_a_channel_is_aborted_alone(fake_replica):
+    client = TritonReplicaClient(first_token_timeout=10, token_timeout=10, calls_per_replica=1)
+    address = fake_replica.grpc_address
+    await _open_channel(client, address)
+    neighbour = asyncio.create_task(collect(client, address, tagged("next", "[slow]", 6)))
+    async with aclosing(client.stream(address, tagged("gone", "[slow]", 1000))) as chunks:
+        async for _ in chunks:
+            break
+    await async_wait_until(lambda: fake_replica.state.usage["gone"]["state"] == "finished", 5.0,
+                           "the replica aborting the abandoned request")
+    assert [c.text for c in await neighbour] == [f" t{k}" for k in range(6)]
+    assert fake_replica.state.channel_entries >= 6
+    await client.close()
