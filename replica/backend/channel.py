@@ -30,9 +30,12 @@ task at a time, in order), so entries leave in the order their outputs were prod
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any
 
 import numpy as np
+
+_log = logging.getLogger(__name__)
 
 ACK = json.dumps({"channel": "open"}).encode()
 
@@ -64,9 +67,15 @@ class Channel:
         entries, self._pending = self._pending, []
         if not entries or self.closed:
             return
-        payload = json.dumps(entries, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
-        self._sender.send(self._pb.InferenceResponse(output_tensors=[
-            self._pb.Tensor("channel_output", np.array([payload], dtype=np.object_))]))
+        # errors="replace": a lone surrogate in a text delta must not lose the whole batch.
+        payload = json.dumps(entries, ensure_ascii=False,
+                             separators=(",", ":")).encode("utf-8", errors="replace")
+        try:
+            self._sender.send(self._pb.InferenceResponse(output_tensors=[
+                self._pb.Tensor("channel_output", np.array([payload], dtype=np.object_))]))
+        except Exception:  # noqa: BLE001 - its stream is gone: the watch thread closes it
+            _log.warning("channel %s: a batch of %d could not be sent", self.channel_id,
+                         len(entries), exc_info=True)
 
     def close(self) -> None:
         """Flush what is queued, then complete the channel's request."""

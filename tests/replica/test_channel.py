@@ -112,3 +112,23 @@ def test_channel_commands_and_usage_queries_are_told_apart():
             parse_control(_control(bad))
     with pytest.raises(InvalidRequestError):  # where a usage query is expected
         ControlRequest.from_input(_control({"channel": "c", "open": True}))
+
+
+def test_a_text_that_is_not_utf8_does_not_lose_the_batch():
+    sender = Sender()
+    channel = Channel(TensorPb, sender, "ch")
+    channel.add(("a", "ok", "", 1, 1, 0, False))
+    channel.add(("b", "bad \ud800 half", "", 1, 1, 0, False))
+    channel.flush()
+    assert [entry[1] for entry in _entries(sender.sent[0][0])] == ["ok", "bad ? half"]
+
+
+def test_a_batch_the_stream_refuses_is_logged_not_raised(caplog):
+    class Gone(Sender):
+        def send(self, response=None, flags=0):
+            raise RuntimeError("stream gone")
+
+    channel = Channel(TensorPb, Gone(), "ch")
+    channel.add(("a", "x", "", 1, 1, 0, False))
+    channel.flush()
+    assert "could not be sent" in caplog.text
