@@ -181,9 +181,11 @@ async def run(args, replica: str) -> dict:
         async with httpx.AsyncClient(timeout=600, limits=limits) as http:
             raw = RawClient(fleet.base_url, max_connections=args.streams * 2)
             # The direct side reads as a Triton client does, one response per token and
-            # request (`--direct-channels`: batched on channels, as the platform reads).
+            # request (on 16 shared calls); `--direct-channels`: batched on channels over two
+            # calls, as the platform reads by default.
             triton = TritonReplicaClient(first_token_timeout=600, token_timeout=600,
-                                         channels=args.direct_channels)
+                                         channels=args.direct_channels,
+                                         calls_per_replica=2 if args.direct_channels else 16)
             if args.client == "raw":
                 def plat_call(i, n, stream=True):
                     return via_platform_raw(raw, fleet, i, n, stream)

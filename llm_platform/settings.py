@@ -281,8 +281,11 @@ TRITON_FIRST_TOKEN_TIMEOUT_SECONDS = env_float("TRITON_FIRST_TOKEN_TIMEOUT_SECON
 TRITON_TOKEN_TIMEOUT_SECONDS = env_float("TRITON_TOKEN_TIMEOUT_SECONDS", 60.0)
 # Requests to a replica share up to this many long-lived ModelStreamInfer calls per API process
 # (inference/triton_calls.py), each closed after TRITON_CALL_IDLE_SECONDS without a request.
-# 0: one call per request (the former way).
-TRITON_CALLS_PER_REPLICA = env_int("TRITON_CALLS_PER_REPLICA", 16)
+# 0: one call per request (the former way). Two: on channels (TRITON_CHANNELS), the fewer the
+# calls, the more requests share a batch (16 calls cost 26 % more API CPU per streamed token
+# than one, two the same as one or four: benchmarks/README.md, "frontdoor9"); without channels,
+# 16 did better (~10 % less than one call per request).
+TRITON_CALLS_PER_REPLICA = env_int("TRITON_CALLS_PER_REPLICA", 2)
 TRITON_CALL_IDLE_SECONDS = env_float("TRITON_CALL_IDLE_SECONDS", 1.0)
 # A shared call's requests get their tokens batched on a channel (one response per replica
 # flush for all of them: replica/backend/channel.py) where the replica takes one. 0: a
