@@ -28,13 +28,6 @@ class ControlRequest:
     wait_s: float = 0.0
 
     @classmethod
-    def from_input(cls, array: np.ndarray) -> "ControlRequest":
-        command = parse_control(array)
-        if not isinstance(command, ControlRequest):
-            raise InvalidRequestError("control: a channel command where a usage query was expected")
-        return command
-
-    @classmethod
     def from_data(cls, data: dict) -> "ControlRequest":
         ids = data.get("usage")
         if (not isinstance(ids, list) or len(ids) > MAX_REQUEST_IDS

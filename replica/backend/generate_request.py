@@ -14,6 +14,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from replica.backend.control_request import MAX_CHANNEL_ID
 from replica.engine.sampling_params import InvalidRequestError, SamplingParams
 
 INPUT_NAMES = (
@@ -27,7 +28,6 @@ INPUT_NAMES = (
     "tenant",
     "channel",
 )
-MAX_CHANNEL_ID = 128
 _INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
 
 

@@ -86,10 +86,7 @@ class ResponseStream:
             self._maybe_poll()
 
     def _to_channel(self, text: str, output: RequestOutput) -> None:
-        finish_reason = ""
-        if output.finished and output.finish_reason is not None:
-            finish_reason = getattr(output.finish_reason, "value", str(output.finish_reason))
-        if self._channel.add((self.request_id, text, finish_reason, output.num_prompt_tokens,
+        if self._channel.add((self.request_id, text, finish_reason_of(output), output.num_prompt_tokens,
                               output.num_output_tokens, output.num_cached_tokens,
                               output.finished)):
             self._schedule_flush()
@@ -141,9 +138,7 @@ class ResponseStream:
                 ]
             )
         self._sent_any = True
-        finish_reason = ""
-        if output.finished and output.finish_reason is not None:
-            finish_reason = getattr(output.finish_reason, "value", str(output.finish_reason))
+        finish_reason = finish_reason_of(output)
         return self._pb.InferenceResponse(
             output_tensors=[
                 tensor("text_output", np.array([text.encode("utf-8")], dtype=np.object_)),
@@ -154,3 +149,10 @@ class ResponseStream:
                 tensor("final", np.array([output.finished], dtype=np.bool_)),
             ]
         )
+
+
+def finish_reason_of(output: RequestOutput) -> str:
+    """"" until the last output, then its reason (stop | length | abort)."""
+    if not output.finished or output.finish_reason is None:
+        return ""
+    return getattr(output.finish_reason, "value", str(output.finish_reason))

@@ -65,38 +65,41 @@ def decode_inputs(request) -> dict[str, np.ndarray]:
 LEAN_OUTPUTS = ("text_output", "num_output_tokens", "final")
 
 
+def _response(model_name: str, request_id: str, outputs) -> service_pb2.ModelStreamInferResponse:
+    """A response holding `outputs`: (name, datatype, numpy array) each."""
+    response = service_pb2.ModelInferResponse(model_name=model_name, id=request_id)
+    for name, datatype, array in outputs:
+        response.outputs.add(name=name, datatype=datatype, shape=list(array.shape))
+        raw = serialize_byte_tensor(array).item() if datatype == "BYTES" else array.tobytes()
+        response.raw_output_contents.append(raw)
+    return service_pb2.ModelStreamInferResponse(infer_response=response)
+
+
+def _bytes(value: bytes) -> np.ndarray:
+    return np.array([value], dtype=np.object_)
+
+
 def encode_response(request, text: str, finish: str, num_in: int, num_out: int, final: bool,
                     lean: bool = False):
     """A streamed response as the replica builds it; `lean`: one between the first and the
     last, with only LEAN_OUTPUTS."""
-    response = service_pb2.ModelInferResponse(model_name=request.model_name, id=request.id)
     arrays = {
-        "text_output": np.array([text.encode()], dtype=np.object_),
-        "finish_reason": np.array([finish.encode()], dtype=np.object_),
+        "text_output": _bytes(text.encode()),
+        "finish_reason": _bytes(finish.encode()),
         "num_input_tokens": np.array([num_in], dtype=np.int32),
         "num_output_tokens": np.array([num_out], dtype=np.int32),
         "num_cached_tokens": np.array([0], dtype=np.int32),
         "final": np.array([final], dtype=bool),
     }
-    for name, datatype in OUTPUTS:
-        if lean and name not in LEAN_OUTPUTS:
-            continue
-        array = arrays[name]
-        response.outputs.add(name=name, datatype=datatype, shape=list(array.shape))
-        raw = serialize_byte_tensor(array).item() if datatype == "BYTES" else array.tobytes()
-        response.raw_output_contents.append(raw)
-    return service_pb2.ModelStreamInferResponse(infer_response=response)
+    return _response(request.model_name, request.id,
+                     [(name, datatype, arrays[name]) for name, datatype in OUTPUTS
+                      if not lean or name in LEAN_OUTPUTS])
 
 
 def control_response(request, payload: dict):
-    response = service_pb2.ModelInferResponse(model_name=request.model_name, id=request.id)
-    for name, datatype, array in (
-            ("control_output", "BYTES", np.array([json.dumps(payload).encode()], dtype=np.object_)),
-            ("final", "BOOL", np.array([True], dtype=bool))):
-        response.outputs.add(name=name, datatype=datatype, shape=list(array.shape))
-        raw = serialize_byte_tensor(array).item() if datatype == "BYTES" else array.tobytes()
-        response.raw_output_contents.append(raw)
-    return service_pb2.ModelStreamInferResponse(infer_response=response)
+    return _response(request.model_name, request.id, [
+        ("control_output", "BYTES", _bytes(json.dumps(payload).encode())),
+        ("final", "BOOL", np.array([True], dtype=bool))])
 
 
 def error_response(request, message: str):
@@ -127,22 +130,15 @@ class FakeState:
 
 def channel_ack(request):
     """A channel's acknowledgement (replica/backend/channel.py): only `control_output`."""
-    response = service_pb2.ModelInferResponse(model_name=request.model_name, id=request.id)
-    response.outputs.add(name="control_output", datatype="BYTES", shape=[1])
-    response.raw_output_contents.append(
-        serialize_byte_tensor(np.array([b'{"channel": "open"}'], dtype=np.object_)).item())
-    return service_pb2.ModelStreamInferResponse(infer_response=response)
+    return _response(request.model_name, request.id,
+                     [("control_output", "BYTES", _bytes(b'{"channel": "open"}'))])
 
 
 def channel_batch(model_name: str, channel_id: str, entries: list[tuple]):
     """One batch: (request id, text, finish reason, prompt, output, cached, final) per entry,
     as the JSON list the replica writes (replica/backend/channel.py)."""
-    response = service_pb2.ModelInferResponse(model_name=model_name, id=channel_id)
-    response.outputs.add(name="channel_output", datatype="BYTES", shape=[1])
     payload = json.dumps(entries, ensure_ascii=False, separators=(",", ":")).encode()
-    response.raw_output_contents.append(
-        serialize_byte_tensor(np.array([payload], dtype=np.object_)).item())
-    return service_pb2.ModelStreamInferResponse(infer_response=response)
+    return _response(model_name, channel_id, [("channel_output", "BYTES", _bytes(payload))])
 
 
 class _Call:

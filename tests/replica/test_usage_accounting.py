@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from replica.backend.control_request import ControlRequest, control_reply
+from replica.backend.control_request import ControlRequest, control_reply, parse_control
 from replica.backend.usage_ledger import FINISHED, ComputedUsage, UsageLedger
 from replica.engine.sampling_params import InvalidRequestError, SamplingParams
 from tests.replica.tiny_llama import TINY, hf_model, our_engine
@@ -101,13 +101,13 @@ def control(payload) -> np.ndarray:
 
 
 def test_control_requests_are_validated():
-    command = ControlRequest.from_input(control({"usage": ["a", "b"], "abort": True, "wait_s": 2}))
+    command = parse_control(control({"usage": ["a", "b"], "abort": True, "wait_s": 2}))
     assert command == ControlRequest(("a", "b"), True, 2.0)
     for bad in ({"usage": "a"}, {"usage": [1]}, {"usage": ["a"], "wait_s": 99},
                 {"usage": ["a"], "abort": "yes"}, ["a"]):
         with pytest.raises(InvalidRequestError):
-            ControlRequest.from_input(control(bad))
+            parse_control(control(bad))
     with pytest.raises(InvalidRequestError):
-        ControlRequest.from_input(np.array([b"{not json"], dtype=np.object_))
+        parse_control(np.array([b"{not json"], dtype=np.object_))
     reply = json.loads(control_reply({"a": ComputedUsage(FINISHED, 4, 1, 2, "stop")}))
     assert reply["usage"]["a"]["input_tokens"] == 4

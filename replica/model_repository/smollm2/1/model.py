@@ -42,7 +42,7 @@ from replica.backend.vllm_metrics import VllmMetrics
 from replica.backend.fault_trigger import FaultTrigger
 from replica.backend.generate_request import INPUT_NAMES, GenerateRequest
 from replica.backend.model_parameters import ModelParameters
-from replica.backend.response_stream import ResponseStream
+from replica.backend.response_stream import ResponseStream, finish_reason_of
 from replica.backend.usage_ledger import FINISHED, ComputedUsage, UsageLedger
 from replica.engine.engine_loop import EngineDeadError, EngineLoop, EngineUnavailableError
 from replica.engine.sampling_params import InvalidRequestError
@@ -209,7 +209,7 @@ class TritonPythonModel:
     def _on_output(self, stream: ResponseStream, output) -> None:
         """Loop thread: record a finished request's usage, hand the output to the sender thread."""
         if output.finished:
-            finish_reason = getattr(output.finish_reason, "value", str(output.finish_reason or ""))
+            finish_reason = finish_reason_of(output)
             self._ledger.close(stream.request_id, ComputedUsage(
                 FINISHED, output.num_prompt_tokens, output.num_cached_tokens,
                 output.num_output_tokens, finish_reason, output.error or ""))
@@ -241,10 +241,7 @@ class TritonPythonModel:
                 for request_id in command.request_ids:
                     self._loop.abort(request_id)
             usage = self._ledger.wait(command.request_ids, command.wait_s)
-            output = pb_utils.Tensor("control_output", np.array([control_reply(usage)], dtype=np.object_))
-            final = pb_utils.Tensor("final", np.array([True], dtype=np.bool_))
-            sender.send(pb_utils.InferenceResponse(output_tensors=[output, final]),
-                        flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            _send_control_reply(sender, control_reply(usage))
         except Exception as exc:  # noqa: BLE001 - answer every request with a final response
             _log.exception("control request failed")
             _send_error(sender, f"{error_messages.REQUEST_FAILED} {exc!r}", pb_utils.TritonError.INTERNAL)
@@ -267,10 +264,7 @@ class TritonPythonModel:
         def close() -> None:
             if channel is not None:
                 channel.close()
-            reply = pb_utils.Tensor("control_output", np.array([b'{"channel":"closed"}'], dtype=np.object_))
-            final = pb_utils.Tensor("final", np.array([True], dtype=np.bool_))
-            sender.send(pb_utils.InferenceResponse(output_tensors=[reply, final]),
-                        flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            _send_control_reply(sender, b'{"channel":"closed"}')
 
         self._sender.submit(close)
 
@@ -327,6 +321,14 @@ class TritonPythonModel:
                 stream.poll_idle()
         except Exception:  # noqa: BLE001 - best effort; never kill the sender thread
             _log.exception("publishing metrics failed")
+
+
+def _send_control_reply(sender, payload: bytes) -> None:
+    """A control request's one, final response: `control_output` holding `payload` (JSON)."""
+    output = pb_utils.Tensor("control_output", np.array([payload], dtype=np.object_))
+    final = pb_utils.Tensor("final", np.array([True], dtype=np.bool_))
+    sender.send(pb_utils.InferenceResponse(output_tensors=[output, final]),
+                flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 
 
 def _send_error(sender, message: str, code) -> None:
