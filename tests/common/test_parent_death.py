@@ -32,7 +32,9 @@ def _alive(pid: int) -> bool:
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
 def test_the_child_dies_with_its_killed_parent():
-    assert dies_with_parent(["true"])[-2:] == ["--", "true"]  # setpriv, on this Linux
+    command = dies_with_parent(["true"])
+    assert os.path.basename(command[0]) == "setpriv"  # on this Linux
+    assert command[-2:] == [str(os.getpid()), "true"]  # the parent to check, then the command
     parent = subprocess.Popen([sys.executable, "-c", PARENT], stdout=subprocess.PIPE, text=True,
                               cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
     child_pid = int(parent.stdout.readline())
@@ -58,3 +60,17 @@ def test_no_preexec_python_is_left_in_the_spawners():
     import scripts.children
     for module in (scripts.children, fleet.node_agent):
         assert "preexec_fn" not in inspect.getsource(module), module.__name__
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_child_whose_starter_is_already_gone_does_not_run_its_command(tmp_path):
+    """Armed too late (its starter died before `setpriv` ran), the signal would never come:
+    the child sees a parent other than the one that started it and exits."""
+    marker = tmp_path / "ran"
+    command = dies_with_parent(["touch", str(marker)])
+    command[-3] = "1"  # as if started by a process that is gone (the child's parent is us)
+    assert subprocess.run(command, timeout=10).returncode == 143
+    assert not marker.exists()
+    command[-3] = str(os.getpid())  # started by us, alive: the command runs
+    assert subprocess.run(command, timeout=10).returncode == 0
+    assert marker.exists()
