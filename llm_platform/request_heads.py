@@ -1,31 +1,48 @@
-"""Oversized request heads get a 4xx from daphne, never a dropped connection.
+"""Oversized request heads get a 4xx, never a dropped connection.
 
-daphne reads HTTP through Twisted's `HTTPChannel`, which caps a request head at 500 header
-lines and 16 KiB in all (`maxHeaders`, `totalHeadersSize`) and answers a bare `400 Bad
-Request` over either. One case fell through: a single line (the request line or one header)
-longer than `MAX_LENGTH` (16 KiB) reaches `LineReceiver.lineLengthExceeded`, whose default
-drops the connection without a word. `answer_overlong_lines` overrides that hook (Twisted's
-documented way to handle it) so that such a request gets `431 Request Header Fields Too Large`
-with an OpenAI-style JSON body.
+The limits are Twisted's `HTTPChannel`'s, the same whichever HTTP protocol daphne runs
+(llm_platform.lean_http by default, Twisted's own with API_HTTP_PROTOCOL=daphne): a request head
+of at most 500 header lines and 16 KiB in all (`maxHeaders`, `totalHeadersSize`), each line at
+most `MAX_LENGTH` (16 KiB). A line over that gets `431 Request Header Fields Too Large`, a head
+over the others a `400`, both with an OpenAI-style JSON body (`json_error_reply`).
+
+Twisted's own protocol needed two changes for that: a single overlong line reached
+`LineReceiver.lineLengthExceeded`, whose default drops the connection without a word
+(`answer_overlong_lines` overrides that hook, Twisted's documented way to handle it), and it
+parsed form bodies itself (`leave_bodies_to_the_app`). daphne's protocol still serves WebSocket
+upgrades, so both stay in force.
 
 Heads within those limits reach the app, which validates what it reads (Authorization,
 Idempotency-Key, X-Conversation-Id): a 4xx or a normal reply.
 """
 from __future__ import annotations
 
-import json
-
+import orjson
 from twisted.web.http import HTTPChannel
 
-_BODY = json.dumps({"error": {
-    "message": f"A request header line (or the request line) is over {HTTPChannel.MAX_LENGTH} "
-               "bytes.",
-    "type": "invalid_request_error",
-    "code": "request_header_too_large",
-}}).encode()
-REPLY = (b"HTTP/1.1 431 Request Header Fields Too Large\r\n"
-         b"Content-Type: application/json\r\nConnection: close\r\n"
-         b"Content-Length: " + str(len(_BODY)).encode() + b"\r\n\r\n" + _BODY)
+HEAD_LINE_LIMIT = HTTPChannel.MAX_LENGTH
+HEAD_TOTAL_LIMIT = HTTPChannel.totalHeadersSize
+MAX_HEADER_LINES = HTTPChannel.maxHeaders
+
+
+def json_error_reply(status: int, code: str, message: str, *, close: bool = True) -> bytes:
+    """A whole HTTP/1.1 reply with an OpenAI-style error body."""
+    from http import HTTPStatus
+
+    body = orjson.dumps({"error": {"message": message, "type": "invalid_request_error"
+                                   if status < 500 else "server_error", "code": code}})
+    return (b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\n"
+            b"content-length: %d\r\n%s\r\n" % (
+                status, HTTPStatus(status).phrase.encode(), len(body),
+                b"connection: close\r\n" if close else b"")) + body
+
+
+REPLY = json_error_reply(
+    431, "request_header_too_large",
+    f"A request header line (or the request line) is over {HEAD_LINE_LIMIT} bytes.")
+HEAD_TOO_LARGE_REPLY = json_error_reply(
+    400, "request_head_too_large",
+    f"The request head is over {HEAD_TOTAL_LIMIT} bytes or {MAX_HEADER_LINES} header lines.")
 
 
 def _discard(data: bytes) -> None:

@@ -8,6 +8,10 @@ transports are in C: the stock loop's own bookkeeping (`_run_once`, handles, `ca
 futures, tasks) was about a tenth of the API process's CPU per short request (profile in
 benchmarks/README.md, "gateway").
 
+The HTTP/1.1 daphne speaks is llm_platform.lean_http's (llhttp through httptools) unless
+`API_HTTP_PROTOCOL` is `daphne` (Twisted's own; unset or empty: `lean`): installed here too,
+before daphne's server is built.
+
 `API_EVENT_LOOP` chooses: `uvloop` (unset or empty: the default) or `asyncio` (the standard
 library's loop, e.g. to compare, or on a platform without uvloop). Used by
 llm_platform.web_processes (the web image, `make serve`, the benchmarks) and the e2e tests'
@@ -20,12 +24,21 @@ import os
 import sys
 
 EVENT_LOOPS = ("uvloop", "asyncio")
+HTTP_PROTOCOLS = ("lean", "daphne")
 
 
 def event_loop_choice() -> str:
     choice = os.environ.get("API_EVENT_LOOP", "").strip() or "uvloop"
     if choice not in EVENT_LOOPS:
         raise ValueError(f"API_EVENT_LOOP must be one of {', '.join(EVENT_LOOPS)}, "
+                         f"not {choice!r}")
+    return choice
+
+
+def http_protocol_choice() -> str:
+    choice = os.environ.get("API_HTTP_PROTOCOL", "").strip() or "lean"
+    if choice not in HTTP_PROTOCOLS:
+        raise ValueError(f"API_HTTP_PROTOCOL must be one of {', '.join(HTTP_PROTOCOLS)}, "
                          f"not {choice!r}")
     return choice
 
@@ -42,6 +55,10 @@ def install_event_loop(choice: str) -> None:
 
 def main() -> None:
     install_event_loop(event_loop_choice())
+    if http_protocol_choice() == "lean":
+        from llm_platform.lean_http import install
+
+        install()
     from daphne.cli import CommandLineInterface
 
     CommandLineInterface.entrypoint()
