@@ -29,6 +29,7 @@ from inference.generation import Generation
 from inference.hooks import rollout_source
 from inference.idempotency import IdempotencyStore
 from inference.pipeline import Preparation
+from inference.first_token_priority import FirstTokenPriority
 from inference.prompts import PromptEncoder
 from inference.replica_client import ReplicaClient
 from inference.circuit import CircuitBreaker
@@ -56,6 +57,7 @@ from tenants.selectors import LimitsCache
 class Container:
     preparation: Preparation  # everything before admission
     generation: Generation  # admit, route and stream, finish
+    first_tokens: FirstTokenPriority  # requests before their first token go first
     # Shared resources: closed with the container; lent to /metrics and tests.
     redis: aioredis.Redis
     key_prefix: str
@@ -143,6 +145,7 @@ def build_container(tokenizers: TokenizerCache) -> Container:
         preparation=preparation, generation=generation, redis=redis, key_prefix=prefix,
         router=router, admission=admission, buckets=buckets, replica_client=replica_client,
         signal_poller=poller, process=process, auth=auth,
+        first_tokens=FirstTokenPriority(settings.API_RELAY_DEFER_MS / 1000.0),
     )
 
 

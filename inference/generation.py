@@ -364,8 +364,13 @@ class Generation:
                 ) as chunks:
                     async for chunk in chunks:
                         attempt.last = chunk
-                        if outcome.first_token_at is None:
+                        first = outcome.first_token_at is None
+                        if first:
                             outcome.first_token_at = clock()
+                        if chunk.text:
+                            outcome.deltas.append(chunk.text)
+                            yield Delta(chunk.text)
+                        if first:  # after the first token left: not on its way (TTFT)
                             # Best effort: the lease gives back the rest (or expires) at the end.
                             # A first chunk that is also the last (a one-token reply) gives
                             # back nothing early: the request's end, next, returns the whole
@@ -373,9 +378,6 @@ class Generation:
                             if not chunk.final:
                                 await _report(lease.release_prompt())
                             await _report(router.first_token(lease))
-                        if chunk.text:
-                            outcome.deltas.append(chunk.text)
-                            yield Delta(chunk.text)
                         if chunk.final:
                             outcome.final = attempt.final = chunk
                             break

@@ -33,6 +33,7 @@ from django.conf import settings
 from inference.faults import as_api_error, deadline_exceeded
 from inference.formats.base import Event, ResponseFormat, StreamMeta, replay_events
 from inference.generation import Generation
+from inference.first_token_priority import FirstTokenPriority
 from inference.request import Delta, Done, PreparedRequest, Replayed, Result
 
 logger = logging.getLogger(__name__)
@@ -60,8 +61,8 @@ async def _replay(frames: Frames) -> AsyncIterator[Frames]:
 
 
 async def open_frames(generation: Generation, outcome: PreparedRequest | Replayed,
-                      fmt: ResponseFormat,
-                      deadline: float | None = None) -> AsyncIterator[Frames]:
+                      fmt: ResponseFormat, deadline: float | None = None,
+                      first_tokens: FirstTokenPriority | None = None) -> AsyncIterator[Frames]:
     meta = meta_for(outcome)
     if isinstance(outcome, Replayed):
         return _replay(replay_events(fmt, meta, Result.from_dict(outcome.result)))
@@ -73,7 +74,7 @@ async def open_frames(generation: Generation, outcome: PreparedRequest | Replaye
     except TimeoutError:
         await items.aclose()
         raise deadline_exceeded() from None
-    return _relay(_Pump(items, first, deadline), fmt, meta)
+    return _relay(_Pump(items, first, deadline, first_tokens), fmt, meta)
 
 
 class _Pump:
@@ -86,8 +87,9 @@ class _Pump:
     push and cancel per frame set."""
 
     def __init__(self, items: AsyncIterator[Delta | Done], first: Delta | Done,
-                 deadline: float):
+                 deadline: float, first_tokens: FirstTokenPriority | None = None):
         self._items = items
+        self._first_tokens = first_tokens
         self._buffer: list[Delta | Done] = [first]
         self._ready = asyncio.Event()
         self._ready.set()
@@ -107,10 +109,16 @@ class _Pump:
 
     async def _run(self) -> None:
         try:
+            first_tokens = self._first_tokens
             async with aclosing(self._items) as items:
+                # Before each read: requests before their first token go first.
+                if first_tokens is not None and first_tokens.pending_count:
+                    await first_tokens.quiet()
                 async for item in items:
                     self._buffer.append(item)
                     self._ready.set()
+                    if first_tokens is not None and first_tokens.pending_count:
+                        await first_tokens.quiet()
         except Exception as exc:  # noqa: BLE001 - the writer turns it into the error event
             self._error = exc
         finally:

@@ -223,6 +223,9 @@ API_MAX_BODY_BYTES = env_int("API_MAX_BODY_BYTES", 1024 * 1024)
 # Django like every other path.
 API_DIRECT_PATH = env_bool("API_DIRECT_PATH", True)
 DATA_UPLOAD_MAX_MEMORY_SIZE = API_MAX_BODY_BYTES
+# While requests wait for their first token, streams that already have one hold their tokens
+# for at most this long, then send them together (inference/first_token_priority.py; 0: off).
+API_RELAY_DEFER_MS = env_float("API_RELAY_DEFER_MS", 20.0)
 # /healthz also reports the answering process's id (tests and benchmarks that check several API
 # processes share one port; off in deployments).
 API_REPORT_PROCESS_ID = env_bool("API_REPORT_PROCESS_ID", False)

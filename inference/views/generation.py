@@ -38,25 +38,29 @@ async def _serve(request, kind: EndpointKind):
                             declared_length=_content_length(request),
                             read_body=lambda: request.body)
     deadline = request_deadline()  # the final answer comes by then (REQUEST_DEADLINE_SECONDS)
-    async with preparing(deadline):  # 503 in seconds if PostgreSQL or Redis hangs
-        outcome = await container.preparation.prepare(kind, submission)
-    quota_headers = outcome.quota_headers
-    try:
-        response = await _reply(container.generation, outcome, kind, deadline)
-    except ApiError as exc:
-        exc.headers = {**quota_headers, **exc.headers}
-        raise
+    first_tokens = container.first_tokens
+    # Until its first token (a stream) or its reply, the request goes before streams' relays
+    # (inference/first_token_priority.py).
+    with first_tokens.pending():
+        async with preparing(deadline):  # 503 in seconds if PostgreSQL or Redis hangs
+            outcome = await container.preparation.prepare(kind, submission)
+        quota_headers = outcome.quota_headers
+        try:
+            response = await _reply(container.generation, outcome, kind, deadline, first_tokens)
+        except ApiError as exc:
+            exc.headers = {**quota_headers, **exc.headers}
+            raise
     for name, value in quota_headers.items():
         response[name] = value
     return response
 
 
-async def _reply(generation, outcome, kind: EndpointKind, deadline: float):
+async def _reply(generation, outcome, kind: EndpointKind, deadline: float, first_tokens):
     fmt = kind.response_format
     if not outcome.request.stream:
         result = await complete(generation, outcome, deadline)
         return HttpResponse(orjson.dumps(fmt.complete(result)), content_type="application/json")
-    frames = await open_frames(generation, outcome, fmt, deadline)
+    frames = await open_frames(generation, outcome, fmt, deadline, first_tokens)
     response = SseResponse(sse_bytes(fmt, frames))
     response["Cache-Control"] = "no-cache"
     response["X-Accel-Buffering"] = "no"
