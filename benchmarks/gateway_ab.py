@@ -24,18 +24,14 @@ import json
 import os
 import secrets
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
 import httpx
 
-from benchmarks.fleet import LOGS, REPO, start_fleet
+from benchmarks.fleet import LOGS, REPO, lift_tenant_limits, start_fleet
 from benchmarks.gateway import api_processes, cpu_seconds, timed_round, via_platform
 
-UNLIMITED = ("from tenants.models import Tenant; "
-              "Tenant.objects.update(requests_per_minute=10**8, tokens_per_minute=10**9, "
-              "request_burst=10**8, token_burst=10**9)")
 
 
 async def with_system_prompt(http, fleet, index: int, words: int) -> None:
@@ -57,8 +53,7 @@ def _env(pairs: list[str]) -> dict:
 def start_side(name: str, repo: Path, python: str, env: dict, database: str):
     fleet = start_fleet("fake", database=database, repo=repo, python=python, extra_env=env,
                         logs=LOGS / f"ab-{name}")
-    subprocess.run([python, "manage.py", "shell", "-c", UNLIMITED], cwd=repo, env=fleet.env,
-                   check=True, stdout=subprocess.DEVNULL)
+    lift_tenant_limits(fleet, repo=repo, python=python)
     return fleet
 
 
