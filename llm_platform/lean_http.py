@@ -291,6 +291,11 @@ class LeanHTTPProtocol(protocol.Protocol):
         except httptools.HttpParserUpgrade as upgrade:
             self._upgraded(data, upgrade.args[0])
             return
+        except httptools.HttpParserCallbackError as error:  # this module's own fault
+            logger.error("HTTP protocol error: %r", error.__context__ or error,
+                         exc_info=error.__context__ or error)
+            self._refuse(500, "internal_error", "Server Error")
+            return
         except httptools.HttpParserError as error:
             self._bad_request(data, error)
             return

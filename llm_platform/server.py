@@ -27,20 +27,20 @@ EVENT_LOOPS = ("uvloop", "asyncio")
 HTTP_PROTOCOLS = ("lean", "daphne")
 
 
-def event_loop_choice() -> str:
-    choice = os.environ.get("API_EVENT_LOOP", "").strip() or "uvloop"
-    if choice not in EVENT_LOOPS:
-        raise ValueError(f"API_EVENT_LOOP must be one of {', '.join(EVENT_LOOPS)}, "
-                         f"not {choice!r}")
+def _choice(name: str, choices: tuple[str, ...]) -> str:
+    """The environment variable `name`, one of `choices` (unset or empty: the first)."""
+    choice = os.environ.get(name, "").strip() or choices[0]
+    if choice not in choices:
+        raise ValueError(f"{name} must be one of {', '.join(choices)}, not {choice!r}")
     return choice
+
+
+def event_loop_choice() -> str:
+    return _choice("API_EVENT_LOOP", EVENT_LOOPS)
 
 
 def http_protocol_choice() -> str:
-    choice = os.environ.get("API_HTTP_PROTOCOL", "").strip() or "lean"
-    if choice not in HTTP_PROTOCOLS:
-        raise ValueError(f"API_HTTP_PROTOCOL must be one of {', '.join(HTTP_PROTOCOLS)}, "
-                         f"not {choice!r}")
-    return choice
+    return _choice("API_HTTP_PROTOCOL", HTTP_PROTOCOLS)
 
 
 def install_event_loop(choice: str) -> None:

@@ -1,6 +1,7 @@
-"""daphne's reactor runs on the event loop API_EVENT_LOOP chooses (llm_platform/server.py):
-uvloop by default. Each check runs in a fresh interpreter: the loop policy and Twisted's
-reactor are process-wide, and the test process has its own."""
+"""daphne's reactor runs on the event loop API_EVENT_LOOP chooses, with the HTTP protocol
+API_HTTP_PROTOCOL chooses (llm_platform/server.py): uvloop and lean_http by default. Each check
+runs in a fresh interpreter: the loop policy and Twisted's reactor are process-wide, and the
+test process has its own."""
 from __future__ import annotations
 
 import subprocess
@@ -8,7 +9,7 @@ import sys
 
 import pytest
 
-from llm_platform.server import event_loop_choice
+from llm_platform.server import event_loop_choice, http_protocol_choice
 from tests.support.processes import REPO
 
 REACTOR_LOOP = ("from llm_platform.server import install_event_loop; "
@@ -50,3 +51,17 @@ def test_too_late_once_daphne_made_its_loop():
                 "install_event_loop('uvloop')")
     assert done.returncode != 0
     assert "already imported" in done.stderr
+
+
+@pytest.mark.parametrize("value, choice", [(None, "lean"), ("", "lean"), (" daphne ", "daphne")])
+def test_the_http_protocol_choice(monkeypatch, value, choice):
+    """API_HTTP_PROTOCOL: llm_platform.lean_http by default, Twisted's own on request (the
+    live protocol behaviour of both: tests/e2e/test_lean_http.py)."""
+    if value is None:
+        monkeypatch.delenv("API_HTTP_PROTOCOL", raising=False)
+    else:
+        monkeypatch.setenv("API_HTTP_PROTOCOL", value)
+    assert http_protocol_choice() == choice
+    monkeypatch.setenv("API_HTTP_PROTOCOL", "h2")
+    with pytest.raises(ValueError, match="API_HTTP_PROTOCOL"):
+        http_protocol_choice()
