@@ -256,7 +256,6 @@ class LeanHTTPProtocol(protocol.Protocol):
         self._head_bytes: bytearray | None = None  # a head spread over several reads
         self._url = b""
         self._headers: list = []
-        self._head_size = 0
 
     # -- Twisted -----------------------------------------------------------------------------
 

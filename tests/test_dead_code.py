@@ -24,6 +24,12 @@ FRAMEWORK_NAMES = ",".join([
     "test_*", "pytest_*", "application", "celery_app", "initialize", "execute", "finalize",
     "auto_complete_config", "validate_*", "extra_repr", "TritonPythonModel",
     "*Middleware",  # named by dotted paths in settings.MIDDLEWARE
+    # Twisted's protocol, factory and producer interfaces, daphne's checkers, llhttp's parser
+    # callbacks (llm_platform/lean_http.py)
+    "connectionMade", "connectionLost", "startFactory", "stopFactory", "acceptableProtocols",
+    "pauseProducing", "resumeProducing", "stopProducing", "check_timeouts", "handle_exception",
+    "on_message_begin", "on_url", "on_header", "on_headers_complete", "on_body",
+    "on_message_complete",
 ])
 FRAMEWORK_DECORATORS = ",".join(["@admin.*", "@shared_task", "@pytest.*", "@*.register",
                                  "@receiver", "@*.setter", "@*.connect"])
