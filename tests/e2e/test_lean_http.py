@@ -318,6 +318,20 @@ def test_malformed_input_is_a_json_400(lean, request_bytes):
         wire.close()
 
 
+def test_cr_lf_in_an_apps_headers_cannot_split_the_reply(lean):
+    wire = Wire(lean)
+    try:
+        wire.send(get("/crlf-header"))
+        status, headers, body = wire.reply()
+        assert status == 200 and body == b"ok"
+        assert "x-injected" not in headers and "x-injected-name" not in headers
+        assert headers["x-echo"].startswith("a") and "x-injected" in headers["x-echo"]
+        wire.send(get("/echo"))  # still in step: nothing was smuggled into the stream
+        assert wire.reply()[0] == 200
+    finally:
+        wire.close()
+
+
 def test_a_failing_application_gets_a_500_and_the_server_goes_on(lean):
     for path in ("/boom", "/no-reply", "/str-header"):
         reply = httpx.get(lean + path, timeout=10)

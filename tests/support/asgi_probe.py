@@ -9,6 +9,7 @@ what happened inside the server (a disconnect, a blocked send) rather than on ti
   time a send is still waiting after half a second, `X done` at the end;
 - `GET /boom`, `/boom-mid`, `/no-reply`, `/str-header`: an application that fails before,
   during, or without a reply, or sends a header that is not bytes;
+- `GET /crlf-header`: header values and names with CR LF in them (a reply split in two);
 - `GET /events`: the log, as JSON; a WebSocket at any path echoes text frames.
 """
 from __future__ import annotations
@@ -96,6 +97,11 @@ async def app(scope, receive, send) -> None:
         raise RuntimeError("the probe fails mid-reply")
     elif path == "/no-reply":
         return
+    elif path == "/crlf-header":  # an app that would split its own reply
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"x-echo", b"a\r\nx-injected: yes\r\n\r\nbody"),
+                                (b"x-bad\r\nx-injected-name", b"b")]})
+        await send({"type": "http.response.body", "body": b"ok"})
     elif path == "/str-header":
         await send({"type": "http.response.start", "status": 200,
                     "headers": [("content-type", "text/plain")]})
