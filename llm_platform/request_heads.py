@@ -17,6 +17,8 @@ Idempotency-Key, X-Conversation-Id): a 4xx or a normal reply.
 """
 from __future__ import annotations
 
+from http import HTTPStatus
+
 import orjson
 from twisted.web.http import HTTPChannel
 
@@ -25,16 +27,14 @@ HEAD_TOTAL_LIMIT = HTTPChannel.totalHeadersSize
 MAX_HEADER_LINES = HTTPChannel.maxHeaders
 
 
-def json_error_reply(status: int, code: str, message: str, *, close: bool = True) -> bytes:
-    """A whole HTTP/1.1 reply with an OpenAI-style error body."""
-    from http import HTTPStatus
-
+def json_error_reply(status: int, code: str, message: str) -> bytes:
+    """A whole HTTP/1.1 reply with an OpenAI-style error body, after which the connection
+    closes (the HTTP layer's own refusals: nothing of the app's, so not inference's ApiError)."""
     body = orjson.dumps({"error": {"message": message, "type": "invalid_request_error"
                                    if status < 500 else "server_error", "code": code}})
     return (b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\n"
-            b"content-length: %d\r\n%s\r\n" % (
-                status, HTTPStatus(status).phrase.encode(), len(body),
-                b"connection: close\r\n" if close else b"")) + body
+            b"content-length: %d\r\nconnection: close\r\n\r\n" % (
+                status, HTTPStatus(status).phrase.encode(), len(body))) + body
 
 
 REPLY = json_error_reply(

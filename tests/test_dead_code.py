@@ -25,7 +25,7 @@ FRAMEWORK_NAMES = ",".join([
     "auto_complete_config", "validate_*", "extra_repr", "TritonPythonModel",
     "*Middleware",  # named by dotted paths in settings.MIDDLEWARE
     # Twisted's protocol, factory and producer interfaces, daphne's checkers, llhttp's parser
-    # callbacks (llm_platform/lean_http.py)
+    # callbacks (llm_platform/lean_http/)
     "connectionMade", "connectionLost", "startFactory", "stopFactory", "acceptableProtocols",
     "pauseProducing", "resumeProducing", "stopProducing", "check_timeouts", "handle_exception",
     "on_message_begin", "on_url", "on_header", "on_headers_complete", "on_body",
