@@ -58,7 +58,8 @@ class ReplicaSignals:
 
 
 def parse_metrics(text: str) -> ReplicaSignals:
-    """The replica's gauges and counters from Prometheus text (summed over label sets)."""
+    """The replica's gauges and counters from Prometheus text (summed over label sets). A
+    report of 0 total KV blocks has no KV figures (unknown: the policies add nothing for them)."""
     values: dict[str, float] = {}
     for name, value in _LINE.findall(text):
         field = _FIELD_OF_METRIC.get(name)
@@ -67,6 +68,11 @@ def parse_metrics(text: str) -> ReplicaSignals:
                 values[field] = values.get(field, 0.0) + float(value)
             except ValueError:
                 continue
+    if values.get("kv_total_blocks") == 0:
+        # No pool reported yet (gauges left at their 0 before an engine published them): its
+        # free blocks are unknown, not none; read as none, routing shuns an idle replica.
+        for field in ("kv_free_blocks", "kv_free_uncached_blocks", "kv_total_blocks"):
+            values.pop(field, None)
     return ReplicaSignals(**{k: int(v) for k, v in values.items()})
 
 

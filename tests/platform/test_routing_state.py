@@ -122,6 +122,20 @@ def test_parse_metrics_reads_the_replicas_port():
         kv_total_blocks=200, prefix_hit_tokens=4096)
 
 
+def test_parse_metrics_reads_a_pool_of_zero_blocks_as_unknown():
+    # Gauges at their 0 before the engine published them: no pool, not a full one.
+    labels = '{model="chat-small",version="1"}'
+    text = (f"{names.KV_FREE_BLOCKS}{labels} 0\n"
+            f"{names.KV_FREE_UNCACHED_BLOCKS}{labels} 0\n"
+            f"{names.KV_TOTAL_BLOCKS}{labels} 0\n"
+            f"{names.WAITING_SEQS}{labels} 0\n")
+    assert parse_metrics(text) == ReplicaSignals(waiting_seqs=0)
+    # A real pool with nothing free is a full one.
+    full = text.replace(f"{names.KV_TOTAL_BLOCKS}{labels} 0", f"{names.KV_TOTAL_BLOCKS}{labels} 200")
+    assert parse_metrics(full) == ReplicaSignals(waiting_seqs=0, kv_free_blocks=0,
+                                                 kv_free_uncached_blocks=0, kv_total_blocks=200)
+
+
 def test_parse_info_reads_what_the_engine_runs():
     text = (f"# TYPE {names.ENGINE_INFO} gauge\n"
             f'{names.ENGINE_INFO}{{dtype="float32",model="chat-small",quantization="int8",version="2"}} 1\n'

@@ -179,6 +179,16 @@ async def wait_for_metrics(metrics_url: str, predicate, what: str,
     return await async_wait_until(values, timeout_s, what, period_s=0.1)
 
 
+def test_a_fresh_replica_reports_its_kv_pool_before_serving_anything(replica):
+    # First in this module (the replica is the module's): before this fix its gauges stayed at
+    # 0 free of 0 blocks until the first request, and routing read that as a full pool.
+    metrics = scrape(replica.metrics_url)
+    assert metrics["running_seqs"] == 0 and metrics["waiting_seqs"] == 0
+    assert metrics["kv_total_blocks"] > 0
+    assert metrics["kv_free_blocks"] == metrics["kv_free_uncached_blocks"] == \
+        metrics["kv_total_blocks"]
+
+
 @pytest.mark.asyncio
 async def test_concurrent_streams_interleave_and_match_solo(replica):
     client = grpc_aio.InferenceServerClient(replica.grpc_url)

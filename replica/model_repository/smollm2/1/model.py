@@ -84,6 +84,12 @@ class TritonPythonModel:
         self._ledger = UsageLedger()
         # Control requests may wait for requests to finish: off the sender and loop threads.
         self._control = ThreadPoolExecutor(max_workers=2, thread_name_prefix="control")
+        # The gauges hold the pool's real size from the start, not only after the first tick:
+        # a replica that had served nothing reported 0 free of 0 KV blocks, which routing read
+        # as a full pool and so sent it nothing while the others had room (round frontdoor11).
+        stats = self._engine.stats()
+        self._metrics.update(stats)
+        self._vllm_metrics.update(stats)
         self._loop = EngineLoop(self._engine, on_tick=self._on_tick, on_dead=self._on_dead)
         self._loop.start()
         threading.Thread(target=self._watch_channels, name="channel-watch", daemon=True).start()
