@@ -1,11 +1,15 @@
 """`python -m llm_platform.web_processes [--host H] [--port P] [-- daphne options]`: the API as
 several daphne processes sharing one listening socket.
 
-The parent binds the socket (accept backlog 1024: Twisted's default of 50 reset connections
+The parent binds the sockets (accept backlog 1024: Twisted's default of 50 reset connections
 when a few hundred clients arrived at once) and starts WEB_PROCESSES daphne processes (unset or
 empty: one per CPU this process may run on; each on uvloop's event loop, llm_platform/server.py),
-each given the socket with `--fd`; the kernel
-hands each new connection to one of them. Each process has its own event loop and connection
+each given its socket with `--fd`. Where the kernel has SO_REUSEPORT (Linux), each process has
+a listening socket of its own on the one port and the kernel spreads new connections over them
+by a hash of their addresses; one socket shared by all (the fallback elsewhere) let whichever
+process woke first accept a whole burst: 32 connections at once all went to one of two
+processes in two tries of three (benchmarks/README.md, round frontdoor11). SO_REUSEPORT only
+joins sockets of the same user, so no other user's process can bind into the set. Each process has its own event loop and connection
 pools; everything the processes share (quotas, admission, routing, idempotency, usage) is in
 Redis already, so nothing else changes with their number.
 
@@ -40,15 +44,30 @@ def process_count() -> int:
     return len(os.sched_getaffinity(0))
 
 
-def listen(host: str, port: int, backlog: int = BACKLOG) -> socket.socket:
-    """The shared listening socket (port 0: any free port; read it with getsockname())."""
+def listen(host: str, port: int, backlog: int = BACKLOG, *,
+           reuse_port: bool = False) -> socket.socket:
+    """A listening socket (port 0: any free port; read it with getsockname())."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuse_port:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     sock.bind((host, port))
     sock.listen(backlog)
     sock.set_inheritable(True)
     return sock
+
+
+def listen_each(host: str, port: int, count: int, backlog: int = BACKLOG) -> list[socket.socket]:
+    """`count` listening sockets on one port, one per process: SO_REUSEPORT where the kernel
+    has it (it spreads connections over them), else one socket `count` times (shared)."""
+    if not hasattr(socket, "SO_REUSEPORT"):
+        return [listen(host, port, backlog)] * count
+    if port:  # a port already taken is an error, as without SO_REUSEPORT: a second platform
+        listen(host, port, backlog).close()  # of this user must not join the first's set
+    first = listen(host, port, backlog, reuse_port=True)
+    port = first.getsockname()[1]  # port 0 asked for any: the rest join the one it got
+    return [first, *(listen(host, port, backlog, reuse_port=True) for _ in range(count - 1))]
 
 
 def server_command() -> list[str]:
@@ -67,12 +86,13 @@ def daphne_command(fd: int, daphne_args: list[str]) -> list[str]:
     return [*server_command(), "--fd", str(fd), *daphne_args, APPLICATION]
 
 
-def start(sock: socket.socket, count: int, daphne_args: list[str] = (), **popen) -> list[subprocess.Popen]:
-    """`count` daphne processes serving on `sock`; `popen`: more subprocess.Popen arguments
-    (env, cwd, stdout, start_new_session...)."""
-    fd = sock.fileno()
-    return [subprocess.Popen(daphne_command(fd, list(daphne_args)), pass_fds=(fd,), **popen)
-            for _ in range(count)]
+def start(socks: list[socket.socket], daphne_args: list[str] = (),
+          **popen) -> list[subprocess.Popen]:
+    """A daphne process serving on each of `socks` (`listen_each`); `popen`: more
+    subprocess.Popen arguments (env, cwd, stdout, start_new_session...)."""
+    return [subprocess.Popen(daphne_command(sock.fileno(), list(daphne_args)),
+                             pass_fds=(sock.fileno(),), **popen)
+            for sock in socks]
 
 
 def stop(procs: list[subprocess.Popen], grace_s: float = STOP_GRACE_SECONDS) -> None:
@@ -101,9 +121,10 @@ def main() -> int:
                         help="passed to every daphne (after `--`), e.g. --proxy-headers")
     args = parser.parse_args()
     daphne_args = [a for a in args.daphne_args if a != "--"]
-    sock = listen(args.host, args.port)
-    procs = start(sock, process_count(), daphne_args)
-    sock.close()  # the children hold it
+    socks = listen_each(args.host, args.port, process_count())
+    procs = start(socks, daphne_args)
+    for sock in set(socks):
+        sock.close()  # the children hold them
 
     def on_signal(*_):
         raise _Stop()
