@@ -5,8 +5,8 @@ PostgreSQL and Redis (given, local, or embedded under ./var/), migrations, the d
 scaling policy of one replica), one node agent (node `local`: a Celery worker on `node.local`),
 daphne, the billing consumer, a Celery worker and Celery beat. Beat's autoscaler places the
 replica on the node; the agent starts it through replica.launch and marks it ready after a
-warm-up request. The API is WEB_PROCESSES daphne processes (default: one per core) sharing one
-listening socket (llm_platform/web_processes.py). Logs: var/logs/ (the replica's:
+warm-up request. The API is WEB_PROCESSES daphne processes (default: one per core) on one
+port, a SO_REUSEPORT listening socket each (llm_platform/web_processes.py). Logs: var/logs/ (the replica's:
 var/logs/agents/).
 
 Stop order (Ctrl-C): the API (its daphne processes) first, so that its in-flight requests end and send their
