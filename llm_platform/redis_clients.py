@@ -19,12 +19,26 @@
 """
 from __future__ import annotations
 
+import functools
+
 import redis
 import redis.asyncio as aioredis
 from django.conf import settings
 from redis.backoff import NoBackoff
+from redis.driver_info import DriverInfo
+from redis.utils import get_lib_version
 
 from common.lean_redis import LeanRedis
+
+
+@functools.cache
+def driver_info() -> DriverInfo:
+    """What every connection tells Redis it is (CLIENT SETINFO), resolved once: left to
+    redis-py, each new connection looked its version up in the installed packages' metadata
+    (`importlib.metadata.version`: a scan of site-packages, ~5 ms of CPU here), which a fresh
+    API process paid for every connection its pools opened under its first requests
+    (benchmarks/README.md, round frontdoor11)."""
+    return DriverInfo(lib_version=get_lib_version())
 
 
 def connection_options() -> dict:
@@ -33,6 +47,7 @@ def connection_options() -> dict:
         "socket_timeout": settings.REDIS_SOCKET_TIMEOUT_SECONDS,
         "socket_connect_timeout": settings.REDIS_CONNECT_TIMEOUT_SECONDS,
         "health_check_interval": 30,
+        "driver_info": driver_info(),
     }
 
 

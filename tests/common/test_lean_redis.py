@@ -114,6 +114,30 @@ async def test_the_platform_client_uses_it_unless_turned_off(settings):
     await made.aclose()
 
 
+async def test_new_connections_do_not_look_the_library_version_up(monkeypatch):
+    # Each new redis-py connection read the installed packages' metadata for CLIENT SETINFO
+    # (~5 ms each in a fresh API process); the platform's clients resolve it once.
+    from importlib import metadata
+    from llm_platform.redis_clients import sync_redis
+
+    async_client, sync_client = async_redis(), sync_redis()
+
+    def lookup(name):
+        raise AssertionError(f"importlib.metadata.version({name!r}) per connection")
+
+    monkeypatch.setattr(metadata, "version", lookup)
+    try:
+        for made in (async_client, sync_client):
+            connection = made.connection_pool.make_connection()
+            assert connection.driver_info.lib_version == redis.__version__
+            assert connection.driver_info.formatted_name == "redis-py"
+        await async_client.execute_command("PING")  # and it connects and serves
+        assert sync_client.ping()
+    finally:
+        await async_client.aclose()
+        sync_client.close()
+
+
 async def test_a_connection_that_died_while_idle_is_replaced():
     lean = client(settings.REDIS_URL)
     plain = aioredis.Redis.from_url(settings.REDIS_URL)
