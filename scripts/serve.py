@@ -141,7 +141,7 @@ def main() -> int:
         print(supervisor.manage("seeddemo"), flush=True)
         supervisor.start("node-agent", ["manage.py", "nodeagent", "--name", "local", "--zone",
                                         "local", "--cpu-slots", "2", "--memory-mib", "4096"])
-        # WEB_PROCESSES daphne processes (default: one per core) on one listening socket.
+        # WEB_PROCESSES daphne processes (default: one per core) on one port (a SO_REUSEPORT socket each).
         supervisor.start("api", ["-m", "llm_platform.web_processes", "--host", args.host,
                                  "--port", str(args.port)])
         # Usage stream -> PostgreSQL; also replays this host's usage outbox (var/billing-outbox).
