@@ -6,8 +6,8 @@ scaling policy of one replica), one node agent (node `local`: a Celery worker on
 daphne, the billing consumer, a Celery worker and Celery beat. Beat's autoscaler places the
 replica on the node; the agent starts it through replica.launch and marks it ready after a
 warm-up request. The API is WEB_PROCESSES daphne processes (default: one per core) on one
-port, a SO_REUSEPORT listening socket each (llm_platform/web_processes.py). Logs: var/logs/ (the replica's:
-var/logs/agents/).
+port, a SO_REUSEPORT listening socket each (llm_platform/web_processes.py). Logs: var/logs/
+(the replica's: var/logs/agents/).
 
 Stop order (Ctrl-C): the API (its daphne processes) first, so that its in-flight requests end and send their
 usage events while the replica and Redis are still up; then the node agent (it drains its
@@ -141,7 +141,8 @@ def main() -> int:
         print(supervisor.manage("seeddemo"), flush=True)
         supervisor.start("node-agent", ["manage.py", "nodeagent", "--name", "local", "--zone",
                                         "local", "--cpu-slots", "2", "--memory-mib", "4096"])
-        # WEB_PROCESSES daphne processes (default: one per core) on one port (a SO_REUSEPORT socket each).
+        # WEB_PROCESSES daphne processes (default: one per core) on one port, a SO_REUSEPORT
+        # socket each.
         supervisor.start("api", ["-m", "llm_platform.web_processes", "--host", args.host,
                                  "--port", str(args.port)])
         # Usage stream -> PostgreSQL; also replays this host's usage outbox (var/billing-outbox).
