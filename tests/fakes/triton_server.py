@@ -141,32 +141,57 @@ def channel_batch(model_name: str, channel_id: str, entries: list[tuple]):
     return _response(model_name, channel_id, [("channel_output", "BYTES", _bytes(payload))])
 
 
+@dataclass(eq=False)
+class _Batch:
+    """A channel's place in its call's response queue: the batch is built from the entries
+    pending when the call's writer reaches it, so entries produced while earlier responses
+    were still being written join it."""
+
+    channel_id: str
+    model_name: str
+    pending: list
+
+
 class _Call:
-    """One ModelStreamInfer call: its response queue and its channels' pending entries (one
-    batch per turn of the event loop, like the replica's one per engine step)."""
+    """One ModelStreamInfer call: its response queue and its channels' pending entries.
+
+    A channel holds at most one place in the queue at a time: entries produced while the call
+    is still writing earlier responses gather in the pending batch, as the replica's do while
+    its sender thread is busy (replica/backend/channel.py: one flush is scheduled when the
+    channel's pending list was empty and takes all of it). One batch per turn of the event
+    loop instead queued batches faster than grpc.aio writes them (the fake's tokens cost
+    nothing), so a request started into a busy call waited behind dozens of earlier batches
+    (median 6.5, p90 76, in benchmarks.gateway's 32-stream rounds) before its first token
+    left: a backlog of the fake's own writer, not of the platform."""
 
     def __init__(self, state: FakeState, queue: asyncio.Queue):
         self.state = state
         self.queue = queue
         self.channels: dict[str, tuple[str, list]] = {}  # id -> (model name, pending)
-        self._flushing: set[str] = set()
+        self._queued: set[str] = set()  # channels with a _Batch in the queue
 
     def add(self, channel_id: str, entry: tuple) -> None:
         self.channels[channel_id][1].append(entry)
-        if channel_id not in self._flushing:
-            self._flushing.add(channel_id)
-            asyncio.get_running_loop().call_soon(self.flush, channel_id)
+        self.flush(channel_id)
 
     def flush(self, channel_id: str) -> None:
-        self._flushing.discard(channel_id)
+        """Puts the channel's pending entries in the queue (joining its place if it has one)."""
         channel = self.channels.get(channel_id)
-        if channel is None or not channel[1]:
+        if channel is None or not channel[1] or channel_id in self._queued:
             return
-        model_name, pending = channel
-        entries, pending[:] = list(pending), []
+        self._queued.add(channel_id)
+        self.queue.put_nowait(_Batch(channel_id, channel[0], channel[1]))
+
+    def take(self, batch: _Batch):
+        """The response for a batch the writer reached: every entry pending now (None if a
+        channel's close already took them)."""
+        self._queued.discard(batch.channel_id)
+        entries, batch.pending[:] = list(batch.pending), []
+        if not entries:
+            return None
         self.state.channel_batches += 1
         self.state.channel_entries += len(entries)
-        self.queue.put_nowait(channel_batch(model_name, channel_id, entries))
+        return channel_batch(batch.model_name, batch.channel_id, entries)
 
 
 class FakeTriton(service_pb2_grpc.GRPCInferenceServiceServicer):
@@ -201,6 +226,10 @@ class FakeTriton(service_pb2_grpc.GRPCInferenceServiceServicer):
         self.state.calls_total += 1
         try:
             while (item := await queue.get()) is not None:
+                if isinstance(item, _Batch):
+                    item = call.take(item)
+                    if item is None:
+                        continue
                 yield item
         finally:
             self.state.calls_open -= 1

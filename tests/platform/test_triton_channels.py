@@ -88,3 +88,26 @@ async def test_an_abandoned_request_on_a_channel_is_aborted_alone(fake_replica):
     assert [c.text for c in await neighbour] == [f" t{k}" for k in range(6)]
     assert fake_replica.state.channel_entries >= 6
     await client.close()
+
+
+async def test_the_fakes_channel_batches_gather_while_its_writer_is_busy():
+    """The fake's entries wait in one pending batch per channel until its call's writer
+    reaches it (as the replica's wait for its sender thread), not one queued batch per turn:
+    a request started into a busy call gets its first token in the next batch written."""
+    from tests.fakes.triton_server import FakeState, _Batch, _Call
+
+    queue: asyncio.Queue = asyncio.Queue()
+    state = FakeState()
+    call = _Call(state, queue)
+    call.channels["ch"] = ("chat-small", [])
+    for index in range(3):
+        call.add("ch", (f"r{index}", " t0", "", 3, 1, 0, False))
+        await asyncio.sleep(0)  # turns of the loop pass while the writer is busy
+    assert queue.qsize() == 1  # one place in the queue for the channel
+    first = call.take(queue.get_nowait())
+    assert state.channel_batches == 1 and state.channel_entries == 3
+    assert first.infer_response.id == "ch"
+    call.add("ch", ("r0", " t1", "", 3, 2, 0, False))  # after the write: a new place
+    item = queue.get_nowait()
+    assert isinstance(item, _Batch) and call.take(item) is not None
+    assert state.channel_batches == 2 and state.channel_entries == 4
