@@ -42,7 +42,7 @@ import httpx
 from benchmarks.fairness import CREATE_TENANTS, percentile
 from benchmarks.fleet import REPO, SMOLLM2, start_fleet
 from inference.replica_signals import parse_metrics
-from inference.tokenization import load_weights_tokenizer, resolve_weights
+from inference.tokenization import load_weights_tokenizer
 from replica.engine.config import EngineConfig
 
 POLICY_ORDER = ["round_robin", "least_outstanding_tokens", "prefix_affinity", "balanced"]
@@ -174,22 +174,6 @@ async def replay(base_url: str, keys: list[str], systems, trace, max_tokens: int
 BLOCK_SIZE = EngineConfig(model_path="").block_size
 
 
-def kv_cache_bytes_for(blocks: int) -> tuple[int, str]:
-    """The `--kv-cache-bytes` that buys `blocks` KV blocks in the dtype a replica's `--dtype
-    auto` picks on this machine (bfloat16 where it is faster, else float32: half the blocks
-    for the same bytes), and that dtype. A pool sized in bytes held ~200 blocks on a bf16 CPU
-    and ~100 on an AVX2-only one, where 4 prompts per replica no longer fit and no placement
-    could keep them (round frontdoor11)."""
-    from replica.engine.dtype import resolve_dtype
-    from replica.engine.models.gguf_checkpoint import gguf_model_config
-    from replica.engine.models.gguf_reader import GGUFReader
-    from replica.engine.runner.model_runner import kv_bytes_per_block
-
-    dtype = resolve_dtype("auto")
-    config = gguf_model_config(GGUFReader(str(resolve_weights(SMOLLM2))))
-    return blocks * kv_bytes_per_block(config, BLOCK_SIZE, dtype), str(dtype).removeprefix("torch.")
-
-
 def replica_counters(fleet) -> list[dict]:
     out = []
     for _, metrics_address in fleet.replicas:
@@ -276,20 +260,19 @@ def run(args) -> dict:
                        # robin's backlog got 503s from the pool, not from routing.
                        "DB_POOL_MAX_SIZE": str(args.db_pool)})
     tokenizer = load_weights_tokenizer(SMOLLM2)
-    kv_bytes, kv_dtype = args.kv_cache_bytes, "as launched"
-    if kv_bytes is None:
-        kv_bytes, kv_dtype = kv_cache_bytes_for(args.kv_cache_blocks)
-    replica_args = ("--kv-cache-bytes", str(kv_bytes), "--num-threads", "1")
+    # The pools in blocks: in bytes they held ~200 blocks on a bf16 CPU and ~100 on an
+    # AVX2-only one (float32), where 4 prompts per replica no longer fit and no placement could
+    # keep them (round frontdoor11).
+    pool = (("--kv-cache-bytes", str(args.kv_cache_bytes)) if args.kv_cache_bytes is not None
+            else ("--kv-cache-blocks", str(args.kv_cache_blocks)))
+    replica_args = (*pool, "--num-threads", "1")
     fleet = start_fleet("smollm2", database="llm_platform_bench_routing",
                         num_replicas=args.replicas, replica_args=replica_args,
                         api_processes=args.api_processes)
     try:
         kv_blocks = [c["kv_total_blocks"] for c in replica_counters(fleet)]
-        print(f"KV pools: {kv_blocks} blocks of {BLOCK_SIZE} tokens ({kv_bytes} bytes, "
-              f"{kv_dtype})", flush=True)
-        if args.kv_cache_bytes is None and any(b != args.kv_cache_blocks for b in kv_blocks):
-            print(f"warning: asked for {args.kv_cache_blocks} blocks per replica; a replica "
-                  "resolved another dtype than this process", flush=True)
+        print(f"KV pools: {kv_blocks} blocks of {BLOCK_SIZE} tokens ({' '.join(pool)})",
+              flush=True)
         tag = uuid.uuid4().hex[:6]
         names = {p: [f"rt-{tag}-{p[:6]}-{t}" for t in range(args.tenants)]
                  for p in [*args.policies, "calibrate"]}
@@ -350,7 +333,7 @@ def run(args) -> dict:
                      "load": args.load, "rate_per_s": round(rate, 3),
                      "warm_request_s": round(service_s, 3),
                      "capacity_per_s": round(capacity, 3), "seed": args.seed,
-                     "kv_cache_bytes": kv_bytes, "kv_dtype": kv_dtype,
+                     "kv_pool": " ".join(pool),
                      "kv_total_blocks_per_replica": kv_blocks, "replicas": args.replicas,
                      "api_processes": args.api_processes,
                      "slots_per_replica": args.slots, "db_pool_max_size": args.db_pool,
@@ -377,7 +360,8 @@ def main() -> None:
     # 200 blocks of 16 tokens: about 5 of the 12 system prompts fit in one replica; a third of
     # them (perfect placement) fit easily. Sized in blocks, whatever dtype the replicas run.
     parser.add_argument("--kv-cache-blocks", type=int, default=200,
-                        help="KV blocks per replica (the bytes follow from the dtype)")
+                        help="KV blocks per replica, whatever dtype they run (replica.launch "
+                             "--kv-cache-blocks)")
     parser.add_argument("--kv-cache-bytes", type=int, default=None,
                         help="the replicas' KV pool in bytes instead (overrides --kv-cache-blocks)")
     parser.add_argument("--slots", type=int, default=64, help="admission slots per replica")

@@ -52,6 +52,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "int4 (a GGUF file's Q4_0/Q4_1 blocks as stored, read by decode); "
                              "a ModelVersion.quantization value, '' meaning none")
     parser.add_argument("--kv-cache-bytes", type=int, default=defaults.kv_cache_bytes)
+    parser.add_argument("--kv-cache-blocks", type=int, default=defaults.kv_cache_blocks,
+                        help="exactly this many KV blocks, whatever the dtype (0: what --kv-cache-bytes buys)")
     parser.add_argument("--max-num-seqs", type=int, default=defaults.max_num_seqs)
     parser.add_argument("--max-num-batched-tokens", type=int, default=defaults.max_num_batched_tokens)
     parser.add_argument("--num-threads", type=int, default=0,
@@ -73,6 +75,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.tensor_parallel < 1:
         parser.error(f"--tensor-parallel must be at least 1, not {args.tensor_parallel}")
+    if args.kv_cache_blocks == 1 or args.kv_cache_blocks < 0:
+        parser.error(f"--kv-cache-blocks must be 0 (by the bytes) or at least 2, not {args.kv_cache_blocks}")
     if args.device not in ("cpu", "cuda"):  # argparse does not check a default against choices
         parser.error(f"REPLICA_DEVICE must be cpu or cuda, not {args.device!r}")
     return args
@@ -91,6 +95,7 @@ def spec_from_args(args: argparse.Namespace, env: dict[str, str] | None = None) 
             device=args.device,
             quantization=args.quantization,
             kv_cache_bytes=args.kv_cache_bytes,
+            kv_cache_blocks=args.kv_cache_blocks,
             max_num_seqs=args.max_num_seqs,
             max_num_batched_tokens=args.max_num_batched_tokens,
             num_threads=args.num_threads,

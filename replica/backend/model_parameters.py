@@ -19,6 +19,7 @@ class ModelParameters:
     device: str = _DEFAULTS.device  # "cpu" or "cuda" (torch device of the engine)
     quantization: str = _DEFAULTS.quantization  # "none" | "int8" (ModelVersion.quantization; "" = none)
     kv_cache_bytes: int = _DEFAULTS.kv_cache_bytes
+    kv_cache_blocks: int = _DEFAULTS.kv_cache_blocks  # 0: as many as kv_cache_bytes buys
     max_num_seqs: int = _DEFAULTS.max_num_seqs
     max_num_batched_tokens: int = _DEFAULTS.max_num_batched_tokens
     num_threads: int = 0  # torch intra-op threads; 0 = torch's default
@@ -45,6 +46,7 @@ class ModelParameters:
             device=self.device,
             quantization=self.quantization,
             kv_cache_bytes=self.kv_cache_bytes,
+            kv_cache_blocks=self.kv_cache_blocks,
             max_num_seqs=self.max_num_seqs,
             max_num_batched_tokens=self.max_num_batched_tokens,
             num_threads=self.num_threads or None,

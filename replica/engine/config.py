@@ -57,6 +57,11 @@ class EngineConfig:
     quantization: str = "none"  # none | int8 (weights; int4 is not built): models/quantization.py
     block_size: int = 16
     kv_cache_bytes: int = 256 * 1024 * 1024
+    # Exactly this many KV blocks instead of what kv_cache_bytes buys (0: by the bytes). The
+    # bytes buy half the blocks in float32 that they buy in bfloat16, so a pool declared in
+    # bytes holds a different number of prompts on machines where `dtype auto` differs; a
+    # benchmark or a test that needs a given number of blocks declares them here.
+    kv_cache_blocks: int = 0
     max_num_seqs: int = 128
     max_num_batched_tokens: int = 512
     max_model_len: int | None = None  # default: the model's context length

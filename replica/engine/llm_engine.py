@@ -67,6 +67,8 @@ class LLMEngine:
         self.dtype = dtype  # the compute dtype (`auto` resolved): KV cache and activations
         num_blocks = num_kv_blocks(config, model_config, dtype)
         if num_blocks < 2:
+            if config.kv_cache_blocks:
+                raise ValueError(f"--kv-cache-blocks {config.kv_cache_blocks}: give at least 2 blocks")
             raise ValueError(
                 f"--kv-cache-bytes {config.kv_cache_bytes} holds {num_blocks} blocks of {config.block_size} tokens; "
                 f"give at least {2 * kv_bytes_per_block(model_config, config.block_size, dtype)} bytes"
@@ -282,8 +284,11 @@ class LLMEngine:
 
 
 def num_kv_blocks(config: EngineConfig, model_config: ModelConfig, dtype: torch.dtype) -> int:
-    """KV blocks the budget buys, counted over all KV heads: a tensor-parallel replica has the
-    blocks of a single-device one, each rank holding its heads' share of every block."""
+    """KV blocks the budget buys (`kv_cache_blocks` when set), counted over all KV heads: a
+    tensor-parallel replica has the blocks of a single-device one, each rank holding its heads'
+    share of every block."""
+    if config.kv_cache_blocks:
+        return config.kv_cache_blocks
     return config.kv_cache_bytes // kv_bytes_per_block(model_config, config.block_size, dtype)
 
 

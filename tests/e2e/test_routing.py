@@ -36,7 +36,9 @@ from tests.support.processes import REPO
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
-KV_CACHE_BYTES = 48 << 20  # ~68 blocks of 16 tokens (fp32 SmolLM2)
+# 68 blocks of 16 tokens in whatever dtype the replicas run (48 MiB held 68 in float32 and 136 in
+# bfloat16: the test's pools differed between machines).
+KV_CACHE_BLOCKS = 68
 WORDS = ("billing refund invoice shipment warehouse support ticket priority escalation policy "
          "renewal contract discount catalog product region replica latency budget").split()
 SYSTEM = "You are the support assistant of Acme. Rules: " + " ".join(
@@ -56,7 +58,7 @@ def replicas():
     procs = []
     for _ in range(3):
         spec = ReplicaSpec("chat-small", *free_ports(3),
-                           parameters=ModelParameters(kv_cache_bytes=KV_CACHE_BYTES,
+                           parameters=ModelParameters(kv_cache_blocks=KV_CACHE_BLOCKS,
                                                       num_threads=1),
                            drain_grace_s=2.0)
         procs.append(ReplicaProcess(spec))
@@ -126,6 +128,9 @@ def chat(base_url: str, key: str, user: str, system: str | None = None, max_toke
 
 def test_shared_system_prompt_lands_on_the_warm_replica(setup, replicas):
     base_url, key, version, rows = setup
+    # The pools are sized in blocks through Triton's model parameters, whatever the dtype.
+    assert [parse_metrics(httpx.get(p.metrics_url, timeout=10).text).kv_total_blocks
+            for p in replicas] == [KV_CACHE_BLOCKS] * 3
     chat(base_url, key, "What is your refund policy?", SYSTEM)
     first = routed(base_url, version.pk)
     assert sum(first.values()) == 1

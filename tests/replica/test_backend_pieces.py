@@ -70,7 +70,7 @@ def test_invalid_inputs_name_the_problem(inputs, needle):
 
 
 def test_parameters_round_trip_through_config_pbtxt(tmp_path):
-    parameters = ModelParameters(weights='/w/"x".gguf', dtype="float32", device="cuda", quantization="int8", kv_cache_bytes=123, max_num_seqs=4,
+    parameters = ModelParameters(weights='/w/"x".gguf', dtype="float32", device="cuda", quantization="int8", kv_cache_bytes=123, kv_cache_blocks=9, max_num_seqs=4,
                                  max_num_batched_tokens=64, num_threads=1, drain_file="/d", drain_grace_s=2.5)
     write_model_repository(tmp_path, "my-model", parameters)
     config_text = (tmp_path / "my-model" / "config.pbtxt").read_text()
@@ -82,7 +82,8 @@ def test_parameters_round_trip_through_config_pbtxt(tmp_path):
         parsed[key] = {"string_value": value.replace('\\"', '"').replace("\\\\", "\\")}
     assert ModelParameters.from_model_config({"parameters": parsed}) == parameters
     engine_config = parameters.engine_config(default_weights="/default")
-    assert (engine_config.model_path, engine_config.num_threads, engine_config.kv_cache_bytes) == ('/w/"x".gguf', 1, 123)
+    assert (engine_config.model_path, engine_config.num_threads, engine_config.kv_cache_bytes,
+            engine_config.kv_cache_blocks) == ('/w/"x".gguf', 1, 123, 9)
     assert ModelParameters(weights="").engine_config(default_weights="/default").model_path == "/default"
 
 
