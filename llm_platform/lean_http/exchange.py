@@ -99,7 +99,7 @@ class Exchange:
                     return {"type": "http.request", "body": data, "more_body": more}
                 if self._expect_continue:
                     self._expect_continue = False
-                    self.conn.transport.write(CONTINUE)
+                    self.conn.write(CONTINUE)
             waiter = self._waiter = asyncio.get_running_loop().create_future()
             await waiter
 
@@ -147,14 +147,14 @@ class Exchange:
                 data = head.data + chunk(body, last=not more)
             else:
                 data = head.data + body
-            conn.transport.write(data)
+            conn.write(data)
         elif not self._has_body:
             pass
         elif self.chunked:
             if body or not more:
-                conn.transport.write(chunk(body, last=not more))
+                conn.write(chunk(body, last=not more))
         elif body:
-            conn.transport.write(body)
+            conn.write(body)
         if self._has_body:
             self.sent_bytes += len(body)
         if not more:
@@ -172,7 +172,7 @@ class Exchange:
         self.keep_alive = False
         self.finished = True
         self.wake()
-        self.conn.transport.write(reply)
+        self.conn.write(reply)
         self.conn.reply_finished(self)
 
     def break_off(self) -> None:
