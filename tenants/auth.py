@@ -135,12 +135,32 @@ class KeyAuthenticator:
             self._load, clock, cache_seconds, stamp=lambda entry: entry[1],
             stale_while_loading_s=cache_seconds)
         self._pending: dict[str, str] = {}  # digest -> the raw key being loaded (never kept)
+        self._reads: dict[str, asyncio.Future] = {}  # digest -> the shared read in flight
         self._live = False  # the invalidation subscription is up: the local cache may be used
         self._task: asyncio.Task | None = None
 
     async def _load(self, digest: str) -> tuple[Principal, float]:
-        return await _authenticate(self._pending[digest], self._redis, self._prefix,
-                                   self._cache_seconds, self._negative_seconds)
+        """The key's entry, read once for every caller loading it at the same time: a burst
+        that finds a key absent (a process just started, or its subscription not yet up) read
+        it once per request before, each read checking out a connection of its own (72 reads
+        in a fresh process's first 128 requests: benchmarks/README.md, round frontdoor11).
+        The read runs in a task of its own, so a caller that leaves does not cancel it for the
+        others; it holds no database connection of theirs (the request path authenticates
+        before it opens one), so waiting for it cannot starve a pool."""
+        read = self._reads.get(digest)
+        if read is None:
+            read = asyncio.get_running_loop().create_task(_authenticate(
+                self._pending[digest], self._redis, self._prefix, self._cache_seconds,
+                self._negative_seconds))
+            self._reads[digest] = read
+            read.add_done_callback(lambda done: self._read_done(digest, done))
+        return await asyncio.shield(read)
+
+    def _read_done(self, digest: str, read: asyncio.Future) -> None:
+        if self._reads.get(digest) is read:
+            del self._reads[digest]
+        if not read.cancelled():
+            read.exception()  # retrieved: every caller may have left before it ended
 
     async def authenticate(self, raw_key: str | None) -> Principal:
         if not raw_key or prefix_of(raw_key) is None:

@@ -203,3 +203,54 @@ async def test_the_process_cache_answers_without_redis_and_drops_a_revoked_key_a
         await async_wait_until(refused, 5.0, "the revocation reaching the process cache")
     finally:
         await authenticator.close()
+
+
+async def _mget_calls(redis) -> int:
+    stats = await redis.info("commandstats")
+    return int(stats.get("cmdstat_mget", {}).get("calls", 0))
+
+
+@pytest.mark.asyncio
+async def test_a_burst_finding_a_key_absent_reads_it_once(tenant, api_key, monkeypatch):
+    """32 requests at once with a key neither the process nor Redis holds (a process just
+    started): one Redis read and one database query for all of them, not one each; a caller
+    that leaves does not cancel the read for the others."""
+    import asyncio
+
+    from tenants.auth import KeyAuthenticator
+
+    loads = _CountingLoads(monkeypatch)
+    container = current_container()
+    await container.redis.delete(cache_key(container.key_prefix, hash_key(api_key)))
+    authenticator = KeyAuthenticator(container.redis, container.key_prefix, 60.0, 0.0)
+    try:
+        before = await _mget_calls(container.redis)
+        leaver = asyncio.ensure_future(authenticator.authenticate(api_key))
+        burst = [asyncio.ensure_future(authenticator.authenticate(api_key)) for _ in range(31)]
+        await asyncio.sleep(0)  # every caller is waiting on the read
+        leaver.cancel()
+        principals = await asyncio.gather(*burst)
+        assert {p.tenant_id for p in principals} == {tenant.pk}
+        assert loads.calls == 1
+        assert await _mget_calls(container.redis) - before == 1
+        assert leaver.cancelled()
+    finally:
+        await authenticator.close()
+
+
+@pytest.mark.asyncio
+async def test_a_burst_with_a_bogus_key_is_refused_together(tenant):
+    import asyncio
+
+    from tenants.auth import KeyAuthenticator
+
+    container = current_container()
+    authenticator = KeyAuthenticator(container.redis, container.key_prefix, 60.0, 0.0)
+    bogus = generate_key()[0]
+    try:
+        results = await asyncio.gather(*(authenticator.authenticate(bogus) for _ in range(8)),
+                                       return_exceptions=True)
+        assert all(isinstance(r, AuthenticationFailed) for r in results)
+        assert not authenticator._reads  # nothing left in flight
+    finally:
+        await authenticator.close()
