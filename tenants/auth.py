@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import json
 import logging
 import time
@@ -111,6 +112,10 @@ async def _authenticate(raw_key: str | None, redis, key_prefix: str, cache_secon
     return principal, written_at
 
 
+# The raw key the caller presented, for the cache's load (which runs in the caller's task): the
+# cache holds only digests, never a key.
+_presented: contextvars.ContextVar[str] = contextvars.ContextVar("presented_api_key")
+
 # How long the invalidation listener blocks for a message before it looks at its state, and
 # waits before subscribing again after a failure.
 _LISTEN_S = 1.0
@@ -134,7 +139,6 @@ class KeyAuthenticator:
         self._local: TtlCache[str, tuple[Principal, float]] = TtlCache(
             self._load, clock, cache_seconds, stamp=lambda entry: entry[1],
             stale_while_loading_s=cache_seconds)
-        self._pending: dict[str, str] = {}  # digest -> the raw key being loaded (never kept)
         self._reads: dict[str, asyncio.Future] = {}  # digest -> the shared read in flight
         self._live = False  # the invalidation subscription is up: the local cache may be used
         self._task: asyncio.Task | None = None
@@ -144,23 +148,41 @@ class KeyAuthenticator:
         that finds a key absent (a process just started, or its subscription not yet up) read
         it once per request before, each read checking out a connection of its own (72 reads
         in a fresh process's first 128 requests: benchmarks/README.md, round frontdoor11).
-        The read runs in a task of its own, so a caller that leaves does not cancel it for the
-        others; it holds no database connection of theirs (the request path authenticates
-        before it opens one), so waiting for it cannot starve a pool."""
-        read = self._reads.get(digest)
-        if read is None:
-            read = asyncio.get_running_loop().create_task(_authenticate(
-                self._pending[digest], self._redis, self._prefix, self._cache_seconds,
-                self._negative_seconds))
-            self._reads[digest] = read
-            read.add_done_callback(lambda done: self._read_done(digest, done))
-        return await asyncio.shield(read)
 
-    def _read_done(self, digest: str, read: asyncio.Future) -> None:
-        if self._reads.get(digest) is read:
-            del self._reads[digest]
-        if not read.cancelled():
-            read.exception()  # retrieved: every caller may have left before it ended
+        The first caller reads it in its own task, as before: a database read on a Redis miss
+        then runs on that request's ORM thread and is given back with the request's other
+        connections (inference/db_connection.py marks the request's own context; a read in a
+        task of its own left that mark in the task's context, so the connection was never given
+        back, and a burst of new keys drained the pool). The others wait for its answer (they
+        hold no database connection then: the request path authenticates before it opens one);
+        a first caller that leaves hands the read to the next one."""
+        while True:
+            shared = self._reads.get(digest)
+            if shared is None:
+                break
+            try:
+                return await asyncio.shield(shared)
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if not shared.cancelled() or (task is not None and task.cancelling()):
+                    raise  # this caller is cancelled, not the one reading
+        shared = self._reads[digest] = asyncio.get_running_loop().create_future()
+        try:
+            entry = await _authenticate(_presented.get(), self._redis, self._prefix,
+                                        self._cache_seconds, self._negative_seconds)
+        except asyncio.CancelledError:
+            shared.cancel()  # the next waiter reads it
+            raise
+        except BaseException as exc:
+            shared.set_exception(exc)
+            shared.exception()  # retrieved: nobody may be waiting
+            raise
+        else:
+            shared.set_result(entry)
+            return entry
+        finally:
+            if self._reads.get(digest) is shared:
+                del self._reads[digest]
 
     async def authenticate(self, raw_key: str | None) -> Principal:
         if not raw_key or prefix_of(raw_key) is None:
@@ -170,11 +192,11 @@ class KeyAuthenticator:
         digest = hash_key(raw_key)
         if not self._live:
             self._local.clear()
-        self._pending[digest] = raw_key
+        token = _presented.set(raw_key)
         try:
             return (await self._local.get(digest))[0]
         finally:
-            self._pending.pop(digest, None)
+            _presented.reset(token)
 
     @property
     def live(self) -> bool:

@@ -213,8 +213,7 @@ async def _mget_calls(redis) -> int:
 @pytest.mark.asyncio
 async def test_a_burst_finding_a_key_absent_reads_it_once(tenant, api_key, monkeypatch):
     """32 requests at once with a key neither the process nor Redis holds (a process just
-    started): one Redis read and one database query for all of them, not one each; a caller
-    that leaves does not cancel the read for the others."""
+    started): one Redis read and one database query for all of them, not one each."""
     import asyncio
 
     from tenants.auth import KeyAuthenticator
@@ -225,15 +224,68 @@ async def test_a_burst_finding_a_key_absent_reads_it_once(tenant, api_key, monke
     authenticator = KeyAuthenticator(container.redis, container.key_prefix, 60.0, 0.0)
     try:
         before = await _mget_calls(container.redis)
-        leaver = asyncio.ensure_future(authenticator.authenticate(api_key))
-        burst = [asyncio.ensure_future(authenticator.authenticate(api_key)) for _ in range(31)]
-        await asyncio.sleep(0)  # every caller is waiting on the read
-        leaver.cancel()
-        principals = await asyncio.gather(*burst)
+        principals = await asyncio.gather(*(authenticator.authenticate(api_key)
+                                            for _ in range(32)))
         assert {p.tenant_id for p in principals} == {tenant.pk}
         assert loads.calls == 1
         assert await _mget_calls(container.redis) - before == 1
-        assert leaver.cancelled()
+    finally:
+        await authenticator.close()
+
+
+@pytest.mark.asyncio
+async def test_a_reader_that_leaves_hands_the_read_to_the_next_caller(tenant, api_key,
+                                                                      monkeypatch):
+    import asyncio
+
+    import tenants.auth as auth_module
+    from tenants.auth import KeyAuthenticator
+
+    real, started, gate = auth_module._load_from_database, [], asyncio.Event()
+
+    async def held(raw_key):
+        started.append(raw_key)
+        await gate.wait()
+        return await real(raw_key)
+
+    monkeypatch.setattr(auth_module, "_load_from_database", held)
+    container = current_container()
+    await container.redis.delete(cache_key(container.key_prefix, hash_key(api_key)))
+    authenticator = KeyAuthenticator(container.redis, container.key_prefix, 60.0, 0.0)
+    try:
+        reader = asyncio.ensure_future(authenticator.authenticate(api_key))
+        await async_wait_until(lambda: len(started) == 1, 5.0, "the first read")
+        waiting = [asyncio.ensure_future(authenticator.authenticate(api_key)) for _ in range(8)]
+        await asyncio.sleep(0)
+        reader.cancel()  # the client left while its read was in flight
+        await async_wait_until(lambda: len(started) == 2, 5.0, "the next caller's read")
+        gate.set()
+        principals = await asyncio.gather(*waiting)
+        assert {p.tenant_id for p in principals} == {tenant.pk} and reader.cancelled()
+        assert len(started) == 2  # one read per reader, not one per caller
+    finally:
+        await authenticator.close()
+
+
+@pytest.mark.asyncio
+async def test_the_database_read_of_a_key_is_given_back_with_the_request(tenant, api_key):
+    """The key's database read runs on the request's own ORM thread and marks the request's
+    context, so the request's end gives its connection back to the pool (a read in a task of
+    its own kept it: a burst of new keys drained the pool in benchmarks.routing)."""
+    from asgiref.sync import ThreadSensitiveContext
+
+    from inference import db_connection
+    from tenants.auth import KeyAuthenticator
+
+    container = current_container()
+    await container.redis.delete(cache_key(container.key_prefix, hash_key(api_key)))
+    authenticator = KeyAuthenticator(container.redis, container.key_prefix, 60.0, 0.0)
+    try:
+        async with ThreadSensitiveContext():  # a request, as inference/views/direct.py runs it
+            db_connection._opened.set(False)  # nothing opened by this request yet
+            await authenticator.authenticate(api_key)
+            assert db_connection._opened.get()  # release_db_connection will give it back
+            await db_connection.release_db_connection()
     finally:
         await authenticator.close()
 
