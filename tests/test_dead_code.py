@@ -30,6 +30,8 @@ FRAMEWORK_NAMES = ",".join([
     "pauseProducing", "resumeProducing", "stopProducing", "check_timeouts", "handle_exception",
     "on_message_begin", "on_url", "on_header", "on_headers_complete", "on_body",
     "on_message_complete",
+    # Twisted's IReactorFDSet, called by its transports (tests/platform/test_lean_http_writes.py)
+    "addReader", "removeReader", "addWriter", "removeWriter",
 ])
 FRAMEWORK_DECORATORS = ",".join(["@admin.*", "@shared_task", "@pytest.*", "@*.register",
                                  "@receiver", "@*.setter", "@*.connect"])
