@@ -118,21 +118,24 @@ async def test_new_connections_do_not_look_the_library_version_up(monkeypatch):
     # Each new redis-py connection read the installed packages' metadata for CLIENT SETINFO
     # (~5 ms each in a fresh API process); the platform's clients resolve it once.
     from importlib import metadata
+
+    from llm_platform.cache import SharedConnectionPool
     from llm_platform.redis_clients import sync_redis
 
     async_client, sync_client = async_redis(), sync_redis()
+    django_cache = redis.Redis(connection_pool=SharedConnectionPool.from_url(settings.REDIS_URL))
 
     def lookup(name):
         raise AssertionError(f"importlib.metadata.version({name!r}) per connection")
 
     monkeypatch.setattr(metadata, "version", lookup)
     try:
-        for made in (async_client, sync_client):
+        for made in (async_client, sync_client, django_cache):
             connection = made.connection_pool.make_connection()
             assert connection.driver_info.lib_version == redis.__version__
             assert connection.driver_info.formatted_name == "redis-py"
         await async_client.execute_command("PING")  # and it connects and serves
-        assert sync_client.ping()
+        assert sync_client.ping() and django_cache.ping()
     finally:
         await async_client.aclose()
         sync_client.close()
