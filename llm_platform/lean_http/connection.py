@@ -146,8 +146,7 @@ class LeanHTTPProtocol(protocol.Protocol):
         writability: two epoll_ctl calls (`addWriter`, `removeWriter`), a turn of the event
         loop and its wrappers (`callWithLogger`, `doWrite`) per write, before the bytes leave
         (the reactor's `addWriter` alone was 3.3 % of the API process's samples in a profile of
-        32-stream rounds, and a first token waited for the loop's next turn, several ms in a
-        burst). A socket that cannot take it all (its kernel buffer full) leaves the rest to
+        32-stream rounds). A socket that cannot take it all (its kernel buffer full) leaves the rest to
         the transport, whose buffer then orders every later write and pauses the producer as
         before (backpressure); an error is left for the transport to find on its own write."""
         sock, transport = self._socket, self.transport

@@ -303,7 +303,7 @@ class FakeTriton(service_pb2_grpc.GRPCInferenceServiceServicer):
                 entry["output_tokens"] = index + 1
                 if last:
                     entry["finish_reason"] = finish
-                if channel:  # one token per turn of the loop: per batch, like an engine step
+                if channel:  # one token per turn of the loop, into the channel's pending batch
                     call.add(channel, (request.id, f" t{index}", finish if last else "", num_in,
                                        index + 1, 0, last))
                 else:
