@@ -8,14 +8,18 @@ Triton's COMPLETE_FINAL flag.
 
 The first and the last response carry all six; the ones between carry only what changes from
 token to token (`text_output`, `num_output_tokens`, `final`): a response's outputs are built
-here per token and per sequence, on the engine's thread, and read per token by the platform
+here per token and per sequence, on the model's sender thread, and read per token by the platform
 (three fewer tensors to build, send and parse; a reader keeps the first response's counts).
 
 Invariants: exactly one response carries the final flag; with `stream=False` it is the only one.
 With a `channel` (replica/backend/channel.py) every output is an entry of the channel's batches
 instead, and the request completes with a bare final flag; errors still go out on its own sender.
-`on_output` runs on the engine loop thread; `is_cancelled()` costs ~60 us, so it is polled every
-`poll_every` outputs and, for requests that produce nothing (still waiting), by `poll_idle`.
+With a channel and no sender (`sender=None`: a sub-request of a submission batch,
+replica/backend/submission_batch.py) there is nothing to complete: the last entry ends it, and
+its error is one entry of the channel (`Channel.add_error`) after the entries before it; it is
+never polled for cancellation (the channel's closer aborts it).
+`on_output` runs on the model's sender thread; `is_cancelled()` costs ~60 us, so it is polled
+every `poll_every` outputs and, for requests that produce nothing (still waiting), by `poll_idle`.
 """
 from __future__ import annotations
 
@@ -41,6 +45,8 @@ class ResponseStream:
         channel: Any = None,
         schedule_flush: Callable[[], None] | None = None,
     ) -> None:
+        if sender is None and channel is None:
+            raise ValueError("a ResponseStream without a sender needs a channel")
         self._pb = pb_utils
         self._sender = sender
         self.request_id = request_id
@@ -92,27 +98,40 @@ class ResponseStream:
             self._schedule_flush()
         if output.finished:  # Triton's request completes; its last entry is in the channel
             self.closed = True
-            self._sender.send(flags=self._pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            if self._sender is not None:  # a sub-request has no Triton request to complete
+                self._sender.send(flags=self._pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 
     def fail(self, message: str, code: Any = None) -> None:
-        """End the stream with an error response (the request only; the model keeps serving)."""
+        """End the stream with an error response (the request only; the model keeps serving);
+        without a sender, with an error entry on its channel (`code` unused: the message's
+        prefix tells the kind)."""
         if self.closed:
+            return
+        if self._sender is None:  # a sub-request: its error is its last entry on the channel
+            self.closed = True
+            if self._channel.add_error(self.request_id, message):
+                self._schedule_flush()
             return
         error = self._pb.TritonError(message) if code is None else self._pb.TritonError(message, code)
         if self._channel is not None:  # its outputs so far go out before its error
             self._channel.flush()
         self._send(self._pb.InferenceResponse(output_tensors=[], error=error), final=True)
 
+    @property
+    def channel(self) -> Any:
+        """The channel its outputs go out on (None: its own sender)."""
+        return self._channel
+
     def poll_idle(self) -> None:
         """Called periodically: poll cancellation if nothing was produced since the last call."""
-        if self.closed:
+        if self.closed or self._sender is None:
             return
         if self._num_outputs == self._num_outputs_at_last_idle_check:
             self._poll()
         self._num_outputs_at_last_idle_check = self._num_outputs
 
     def _maybe_poll(self) -> None:
-        if self._num_outputs % self._poll_every == 0:
+        if self._sender is not None and self._num_outputs % self._poll_every == 0:
             self._poll()
 
     def _poll(self) -> None:

@@ -11,7 +11,7 @@ import pytest
 from replica.backend.channel import Channel
 from replica.backend.control_request import ChannelCommand, ControlRequest, parse_control
 from replica.backend.response_stream import ResponseStream
-from replica.engine.request import FinishReason, RequestOutput
+from replica.engine.request import ErrorKind, FinishReason, RequestOutput
 from replica.engine.sampling_params import InvalidRequestError
 from tests.replica.test_error_reporting import TensorPb
 
@@ -85,7 +85,10 @@ def test_closing_flushes_then_completes_and_a_closed_channel_sends_nothing():
     sender = Sender()
     channel = Channel(TensorPb, sender, "ch")
     channel.acknowledge()
-    assert _outputs(sender.sent[0][0]) == {"control_output": [b'{"channel": "open"}']}
+    # The acknowledgement says this replica takes submission batches too.
+    assert _outputs(sender.sent[0][0]) == {"control_output": [b'{"channel": "open", "batches": true}']}
+    assert json.loads(sender.sent[0][0].output_tensors[0].array[0]) == {"channel": "open",
+                                                                        "batches": True}
     assert channel.add(("a", " x", "", 1, 1, 0, False))
     assert not channel.add(("a", " y", "", 1, 2, 0, False))
     channel.close()
@@ -130,3 +133,82 @@ def test_a_batch_the_stream_refuses_is_logged_not_raised(caplog):
     channel.add(("a", "x", "", 1, 1, 0, False))
     channel.flush()
     assert "could not be sent" in caplog.text
+
+
+def test_a_sub_request_has_no_sender_its_outputs_go_to_the_channel_and_nothing_completes():
+    """A sub-request of a submission batch (sender=None): entries only, no bare completion,
+    never polled for cancellation."""
+    channel_sender, flushes = Sender(), []
+    channel = Channel(TensorPb, channel_sender, "ch")
+    stream = ResponseStream(TensorPb, None, "a", stream=True, on_cancel=lambda _: None,
+                            poll_every=1, channel=channel,
+                            schedule_flush=lambda: flushes.append(1))
+    stream.poll_idle()  # nothing to poll: no sender
+    for index in range(3):
+        stream.on_output(_token("a", index, finished=index == 2))
+    assert flushes == [1] and stream.closed
+    channel.flush()
+    ((batch, flags),) = channel_sender.sent  # the batch only: no completion anywhere
+    assert flags == 0
+    assert _entries(batch) == [["a", " w0", "", 5, 1, 2, False], ["a", " w1", "", 5, 2, 2, False],
+                               ["a", " w2", "length", 5, 3, 2, True]]
+
+
+def test_a_non_streamed_sub_request_sends_one_entry_with_the_whole_text():
+    channel_sender = Sender()
+    channel = Channel(TensorPb, channel_sender, "ch")
+    stream = ResponseStream(TensorPb, None, "a", stream=False, prompt_prefix="P:",
+                            on_cancel=lambda _: None, channel=channel, schedule_flush=lambda: None)
+    for index in range(2):
+        stream.on_output(_token("a", index, finished=index == 1))
+    channel.flush()
+    assert _entries(channel_sender.sent[0][0]) == [["a", "P: w0 w1", "length", 5, 2, 2, True]]
+
+
+def test_a_sub_requests_error_output_is_one_entry_after_its_outputs():
+    channel_sender, flushes = Sender(), []
+    channel = Channel(TensorPb, channel_sender, "ch")
+    stream = ResponseStream(TensorPb, None, "a", stream=True, on_cancel=lambda _: None,
+                            channel=channel, schedule_flush=lambda: flushes.append(1))
+    stream.on_output(_token("a", 0, finished=False))
+    stream.on_output(RequestOutput("a", [], "", True, FinishReason.ABORT, 5, 1, 0,
+                                   error="the model produced non-finite logits",
+                                   error_kind=ErrorKind.INTERNAL))
+    assert stream.closed
+    stream.fail("request failed: again")  # closed: nothing more
+    channel.flush()
+    ((batch, _),) = channel_sender.sent
+    assert _entries(batch) == [
+        ["a", " w0", "", 5, 1, 2, False],
+        ["a", "request failed: the model produced non-finite logits", "error", 0, 0, 0, True]]
+
+
+def test_a_sub_requests_failure_after_a_flush_schedules_its_own():
+    channel_sender, flushes = Sender(), []
+    channel = Channel(TensorPb, channel_sender, "ch")
+    stream = ResponseStream(TensorPb, None, "a", stream=True, on_cancel=lambda _: None,
+                            channel=channel, schedule_flush=lambda: flushes.append(1))
+    stream.on_output(_token("a", 0, finished=False))
+    channel.flush()
+    stream.fail("request failed: sending a response failed: RuntimeError('x')")
+    assert flushes == [1, 1]
+    channel.flush()
+    assert _entries(channel_sender.sent[1][0]) == [
+        ["a", "request failed: sending a response failed: RuntimeError('x')", "error", 0, 0, 0, True]]
+
+
+def test_a_stream_needs_a_sender_or_a_channel():
+    with pytest.raises(ValueError):
+        ResponseStream(TensorPb, None, "a", stream=True, on_cancel=lambda _: None)
+
+
+def test_the_channel_keeps_its_running_sub_requests_and_hands_them_over_once_stopped():
+    channel = Channel(TensorPb, Sender(), "ch")
+    assert channel.start("a") and channel.start("b") and channel.start("c")
+    channel.end("b")
+    channel.end("unknown")  # a lone request on the channel, or one already ended: a no-op
+    assert channel.taking
+    assert sorted(channel.stop_running()) == ["a", "c"]
+    assert not channel.taking
+    assert not channel.start("d")  # being closed: takes no more
+    assert channel.stop_running() == []

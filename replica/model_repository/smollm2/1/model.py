@@ -4,7 +4,9 @@
 returns at once; the loop thread sends one response per engine step per request. The engine's
 request id is Triton's (the platform's request id) unless absent or already open. Every finished
 request's computed tokens go to the UsageLedger before its final response; a `control` request
-reads the ledger (and may abort requests) instead of generating. Needs the
+reads the ledger (and may abort requests) instead of generating; a `batch` request carries
+several generation requests, each submitted as a request on the channel it names, and is
+completed at once (replica/backend/submission_batch.py). Needs the
 repository root on PYTHONPATH (the launcher sets it) and the venv's python first on PATH.
 
 Errors reach the platform by their message's prefix (replica/backend/error_messages.py). If the
@@ -43,6 +45,7 @@ from replica.backend.fault_trigger import FaultTrigger
 from replica.backend.generate_request import INPUT_NAMES, GenerateRequest
 from replica.backend.model_parameters import ModelParameters
 from replica.backend.response_stream import ResponseStream, finish_reason_of
+from replica.backend.submission_batch import SubRequest, parse_batch
 from replica.backend.usage_ledger import FINISHED, ComputedUsage, UsageLedger
 from replica.engine.engine_loop import EngineDeadError, EngineLoop, EngineUnavailableError
 from replica.engine.sampling_params import InvalidRequestError
@@ -126,6 +129,10 @@ class TritonPythonModel:
                     else:
                         self._control.submit(self._answer_control, command, sender)
                     continue
+                batch = pb_utils.get_input_tensor_by_name(request, "batch")
+                if batch is not None:
+                    self._submit_batch(batch.as_numpy(), sender)
+                    continue
                 self._submit(request, sender)
             except InvalidRequestError as exc:
                 _send_error(sender, f"{error_messages.INVALID_REQUEST} {exc}", pb_utils.TritonError.INVALID_ARG)
@@ -151,7 +158,7 @@ class TritonPythonModel:
         with self._streams_lock:
             channels, self._channels = list(self._channels.values()), {}
         for channel in channels:  # after the final responses the loop just produced
-            self._sender.submit(channel.close)
+            self._sender.submit(self._close_channel, channel)
         self._sender.shutdown(wait=True)  # flush the final responses the loop just produced
         self._metrics.close()  # metrics before their families, before the stub tears down
         self._vllm_metrics.close()
@@ -163,6 +170,66 @@ class TritonPythonModel:
             tensor = pb_utils.get_input_tensor_by_name(request, name)
             inputs[name] = None if tensor is None else tensor.as_numpy()
         generate = GenerateRequest.from_inputs(inputs)
+        self._start(generate, request.request_id() or "", sender)
+
+    def _submit_batch(self, array, sender) -> None:
+        """Execute thread: submit a batch's sub-requests, then complete the batch's request
+        (a bare final flag: nothing reaches the client). A batch malformed as a whole raises
+        InvalidRequestError (answered on its own sender, as a lone request)."""
+        for sub in parse_batch(array):
+            self._submit_sub(sub)
+        try:
+            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        except Exception:  # noqa: BLE001 - its sub-requests are submitted; nothing to answer
+            _log.warning("completing a batch request failed", exc_info=True)
+
+    def _submit_sub(self, sub: SubRequest) -> None:
+        """Execute thread: one sub-request of a batch, on its channel; its error (invalid,
+        refused, failed) is its one entry there, sent by the sender thread."""
+        with self._streams_lock:
+            channel = self._channels.get(sub.channel)
+        request_id = self._engine_request_id(sub.id)
+        if channel is None or not channel.start(request_id):  # it could be answered nowhere
+            _log.warning("request %s: no open channel %s; dropped", sub.id, sub.channel)
+            return
+        try:
+            if isinstance(sub.inputs, InvalidRequestError):
+                raise sub.inputs
+            self._start(GenerateRequest.from_inputs(sub.inputs), request_id, None, channel)
+        except InvalidRequestError as exc:
+            message = f"{error_messages.INVALID_REQUEST} {exc}"
+        except EngineDeadError as exc:
+            message = f"{error_messages.ENGINE_DEAD} {exc}"
+        except EngineUnavailableError as exc:
+            message = f"{error_messages.UNAVAILABLE} {exc}"
+        except Exception as exc:  # noqa: BLE001 - one bad request must not fail the batch
+            _log.exception("request %s failed", request_id)
+            message = f"{error_messages.REQUEST_FAILED} {exc!r}"
+        else:
+            if not channel.taking:  # closed while it was submitted: stop_running missed it
+                self._loop.abort(request_id)
+            return
+        channel.end(request_id)
+        # Under the platform's id: a fresh one (_engine_request_id) is known to nobody yet.
+        self._sender.submit(self._send_sub_error, channel, sub.id, message)
+
+    def _send_sub_error(self, channel: Channel, request_id: str, message: str) -> None:
+        """Sender thread: a sub-request's error entry, after the entries queued before it."""
+        if channel.add_error(request_id, message):
+            self._sender.submit(channel.flush)
+
+    def _engine_request_id(self, request_id: str) -> str:
+        """Triton's request id (the platform sends its own request id) names the request in this
+        replica's logs; a missing, overlong or already known one gets a fresh id."""
+        known = request_id and self._ledger.lookup([request_id])[request_id].state != "unknown"
+        if not request_id or len(request_id) > 128 or known:
+            request_id = uuid.uuid4().hex  # no id, or one this replica already holds
+        return request_id
+
+    def _start(self, generate: GenerateRequest, request_id: str, sender,
+               sub_channel: Channel | None = None) -> None:
+        """Execute thread: tokenize, register and submit one request. `sender` None: a
+        sub-request of a batch, on `sub_channel`, its id already chosen (_engine_request_id)."""
         if generate.prompt_token_ids is not None:
             prompt_token_ids = list(generate.prompt_token_ids)
         else:
@@ -172,17 +239,13 @@ class TritonPythonModel:
             if not generate.text:  # ids the engine refuses (the loop's submit below) never reach the decoder
                 self._engine.check_prompt(prompt_token_ids)
             prefix = generate.text or self._tokenizer.decode(prompt_token_ids)
-        # Triton's request id (the platform sends its own request id) names the request in this
-        # replica's logs; a missing, overlong or already known one gets a fresh id.
-        request_id = request.request_id() or ""
-        known = request_id and self._ledger.lookup([request_id])[request_id].state != "unknown"
-        if not request_id or len(request_id) > 128 or known:
-            request_id = uuid.uuid4().hex  # no id, or one this replica already holds
+        if sender is not None:
+            request_id = self._engine_request_id(request_id)
         _log.info("request %s: %d prompt tokens, max_tokens %s", request_id, len(prompt_token_ids),
                   generate.params.max_tokens)
         self._vllm_metrics.arrived(request_id)
-        channel = None
-        if generate.channel:
+        channel = sub_channel
+        if sender is not None and generate.channel:
             with self._streams_lock:
                 channel = self._channels.get(generate.channel)
             if channel is None:  # closed meanwhile, or never opened: its own responses
@@ -239,6 +302,8 @@ class TritonPythonModel:
             if output.finished:
                 self._forget(stream.request_id)
                 self._vllm_metrics.forget(stream.request_id)
+                if stream.channel is not None:  # a sub-request no longer runs on it
+                    stream.channel.end(stream.request_id)
 
     def _answer_control(self, command: ControlRequest, sender) -> None:
         """Control thread: abort if asked, wait, answer with the ledger's entries."""
@@ -269,7 +334,7 @@ class TritonPythonModel:
 
         def close() -> None:
             if channel is not None:
-                channel.close()
+                self._close_channel(channel)
             _send_control_reply(sender, b'{"channel":"closed"}')
 
         self._sender.submit(close)
@@ -288,12 +353,18 @@ class TritonPythonModel:
             for channel in gone:
                 self._sender.submit(self._close_gone, channel)
 
-    @staticmethod
-    def _close_gone(channel: Channel) -> None:
+    def _close_gone(self, channel: Channel) -> None:
         try:
-            channel.close()
+            self._close_channel(channel)
         except Exception:  # noqa: BLE001 - its stream is gone
             channel.closed = True
+
+    def _close_channel(self, channel: Channel) -> None:
+        """Sender thread: abort the sub-requests still running on it (their outputs could reach
+        no one), then flush and complete it."""
+        for request_id in channel.stop_running():
+            self._loop.abort(request_id)
+        channel.close()
 
     def _forget(self, request_id: str) -> None:
         with self._streams_lock:
