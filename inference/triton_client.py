@@ -42,7 +42,7 @@ from inference.replica_client import (
     ReplicaUnavailable,
     ReplicaUsage,
 )
-from inference.triton_calls import CallPool
+from inference.triton_calls import CallPool, Submission
 from replica.access import grpc_headers
 from replica.backend import error_messages
 
@@ -105,16 +105,65 @@ def build_channel_command(model_name: str, channel_id: str,
     return request
 
 
-def parse_channel_batch(response) -> list[tuple[str, ReplicaChunk]]:
+class ChannelError:
+    """A channel's error entry: the request it names failed (a submission batch's request has
+    no response of its own to carry its error); `message` is the replica's wire message."""
+
+    __slots__ = ("message",)
+
+    def __init__(self, message: str):
+        self.message = message
+
+
+def parse_channel_batch(response) -> list[tuple[str, ReplicaChunk | ChannelError]]:
     """A channel's batch (ModelInferResponse; replica/backend/channel.py): (request id, chunk)
-    per entry, in order."""
+    per entry, in order; an error entry (finish reason "error") as a ChannelError."""
     try:
         raw = response.raw_output_contents[0]
         entries = orjson.loads(raw[4:4 + int.from_bytes(raw[:4], "little")])
-        return [(entry[0], ReplicaChunk(entry[1], entry[2], entry[3], entry[4], entry[5],
-                                        entry[6])) for entry in entries]
+        return [(entry[0], ChannelError(entry[1]) if entry[2] == "error" else
+                 ReplicaChunk(entry[1], entry[2], entry[3], entry[4], entry[5], entry[6]))
+                for entry in entries]
     except (IndexError, TypeError, orjson.JSONDecodeError) as exc:
         raise ReplicaStreamError(f"unreadable channel batch: {exc}") from exc
+
+
+def _takes_batches(response) -> bool:
+    """A channel's acknowledgement says whether the replica takes submission batches
+    (`{"channel": "open", "batches": true}`; a replica from before them sends no `batches`)."""
+    try:
+        raw = response.raw_output_contents[0]
+        return orjson.loads(raw[4:4 + int.from_bytes(raw[:4], "little")]).get("batches") is True
+    except (IndexError, AttributeError, orjson.JSONDecodeError):
+        return False
+
+
+def submission_entry(request: ReplicaRequest, channel: str) -> dict:
+    """One request of a submission batch (replica/backend/submission_batch.py): the inputs
+    `build_request` sends as tensors, as JSON."""
+    entry = {
+        "id": request.request_id,
+        "channel": channel,
+        "text_input": request.prompt_text,
+        "stream": True,
+        "sampling_parameters": _sampling_json(request),
+        "exclude_input_in_output": True,
+        "priority": request.priority,
+        "cache_salt": request.cache_salt or request.tenant,
+        "tenant": request.tenant,
+    }
+    if request.prompt_token_ids is not None:
+        entry["input_ids"] = list(request.prompt_token_ids)
+    return entry
+
+
+def build_batch(model_name: str, batch_id: str, submissions) -> service_pb2.ModelInferRequest:
+    """Several generation requests for one channel as one Triton request (input `batch`: the
+    JSON list of their entries)."""
+    message = service_pb2.ModelInferRequest(model_name=model_name, id=batch_id)
+    payload = orjson.dumps([submission_entry(s.payload, s.channel) for s in submissions])
+    _add(message, "batch", "BYTES", 1, len(payload).to_bytes(4, "little") + payload)
+    return message
 
 
 class _Channels:
@@ -127,13 +176,12 @@ class _Channels:
         outputs = response.outputs
         return len(outputs) == 1 and outputs[0].name == "control_output"
 
+    takes_batches = staticmethod(_takes_batches)
     entries = staticmethod(parse_channel_batch)
+    batch = staticmethod(build_batch)
 
 
-def build_request(request: ReplicaRequest,
-                  channel: str | None = None) -> service_pb2.ModelInferRequest:
-    """The generation request as Triton's protobuf message (`channel`: the channel its
-    outputs go out on)."""
+def _sampling_json(request: ReplicaRequest) -> str:
     sampling = {
         "max_tokens": request.max_tokens,
         "temperature": request.temperature,
@@ -142,10 +190,17 @@ def build_request(request: ReplicaRequest,
     }
     if request.seed is not None:
         sampling["seed"] = request.seed
+    return json.dumps(sampling)
+
+
+def build_request(request: ReplicaRequest,
+                  channel: str | None = None) -> service_pb2.ModelInferRequest:
+    """The generation request as Triton's protobuf message (`channel`: the channel its
+    outputs go out on)."""
     message = service_pb2.ModelInferRequest(model_name=request.model_name, id=request.request_id)
     _add(message, "text_input", "BYTES", 1, _bytes_tensor(request.prompt_text))
     _add(message, "stream", "BOOL", 1, _TRUE)
-    _add(message, "sampling_parameters", "BYTES", 1, _bytes_tensor(json.dumps(sampling)))
+    _add(message, "sampling_parameters", "BYTES", 1, _bytes_tensor(_sampling_json(request)))
     _add(message, "exclude_input_in_output", "BOOL", 1, _TRUE)
     _add(message, "priority", "INT32", 1, request.priority.to_bytes(4, "little", signed=True))
     _add(message, "cache_salt", "BYTES", 1, _bytes_tensor(request.cache_salt or request.tenant))
@@ -398,7 +453,7 @@ class TritonReplicaClient:
         call = self._pool(address).pick(request_id)
         channel = call.channel(request.model_name) if self._channels else None
         inbox = call.open(request_id)
-        call.send(build_request(request, channel))
+        call.submit(Submission(request_id, request.model_name, channel, request, build_request))
         ended = False  # the replica ended the request (its final response, or an error)
         chunk = None
         watch = _SilenceWatch(self._first_token_timeout)
@@ -428,6 +483,9 @@ class TritonReplicaClient:
                 for response in responses:
                     if type(response) is ReplicaChunk:  # a channel's entry
                         chunk = response
+                    elif type(response) is ChannelError:  # its error, on the channel
+                        ended = True
+                        raise classify(InferenceServerException(msg=response.message))
                     elif not (response.error_message or response.infer_response.outputs):
                         continue  # an empty completion (a request on a channel ends so)
                     else:

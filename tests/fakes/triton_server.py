@@ -75,6 +75,10 @@ def _response(model_name: str, request_id: str, outputs) -> service_pb2.ModelStr
     return service_pb2.ModelStreamInferResponse(infer_response=response)
 
 
+def _encoded(value) -> bytes:
+    return value.encode() if isinstance(value, str) else bytes(value)
+
+
 def _bytes(value: bytes) -> np.ndarray:
     return np.array([value], dtype=np.object_)
 
@@ -126,12 +130,18 @@ class FakeState:
     channels_open: int = 0
     channel_batches: int = 0  # batches sent on channels
     channel_entries: int = 0  # outputs sent in them
+    batches: bool = True  # False: acknowledges channels without submission batches (older)
+    refuse_batches: bool = False  # True: answers every batch with an error (as a whole)
+    batches_received: int = 0  # submission batches received
 
 
-def channel_ack(request):
-    """A channel's acknowledgement (replica/backend/channel.py): only `control_output`."""
+def channel_ack(request, batches: bool = True):
+    """A channel's acknowledgement (replica/backend/channel.py): only `control_output`, which
+    says whether submission batches are taken."""
     return _response(request.model_name, request.id,
-                     [("control_output", "BYTES", _bytes(b'{"channel": "open"}'))])
+                     [("control_output", "BYTES", _bytes(
+                         b'{"channel": "open", "batches": true}' if batches
+                         else b'{"channel": "open"}'))])
 
 
 def channel_batch(model_name: str, channel_id: str, entries: list[tuple]):
@@ -247,9 +257,42 @@ class FakeTriton(service_pb2_grpc.GRPCInferenceServiceServicer):
                 return
             await queue.put(await self._control(request, command))
             return
+        if "batch" in inputs:
+            await self._batch(request, inputs["batch"][0], queue, call)
+            return
+        await self._run(request, inputs, queue, call)
+
+    async def _batch(self, request, raw: bytes, queue: asyncio.Queue, call: _Call) -> None:
+        """A submission batch (replica/backend/submission_batch.py): each entry runs as a
+        request on its channel; the batch itself gets no response (a bare completion)."""
+        self.state.batches_received += 1
+        if self.state.refuse_batches:
+            await queue.put(error_response(request, "invalid request: the fake refuses batches"))
+            return
+        runs = []
+        for entry in json.loads(raw):
+            inputs = {name: np.array([_encoded(entry[name])], dtype=np.object_)
+                      for name in ("text_input", "sampling_parameters", "tenant", "channel")}
+            if "input_ids" in entry:
+                inputs["input_ids"] = np.array(entry["input_ids"], dtype=np.int64)
+            inputs["priority"] = np.array([entry["priority"]], dtype=np.int32)
+            sub = service_pb2.ModelInferRequest(model_name=request.model_name, id=entry["id"])
+            runs.append(self._run(sub, inputs, queue, call, in_batch=True))
+        await asyncio.gather(*runs)
+
+    async def _run(self, request, inputs: dict, queue: asyncio.Queue, call: _Call,
+                   in_batch: bool = False) -> None:
         channel = inputs["channel"][0].decode() if "channel" in inputs else ""
         if channel and channel not in call.channels:
+            if in_batch:
+                return  # nowhere to answer it (the replica logs and drops it)
             channel = ""  # not open on this call: the request's own responses
+
+        async def fail(message: str) -> None:
+            if in_batch:  # no response of its own: its error is an entry on its channel
+                call.add(channel, (request.id, message, "error", 0, 0, 0, True))
+            else:
+                await queue.put(error_response(request, message))
         self.state.num_requests += 1
         self.state.arrived.set()
         text = inputs["text_input"][0].decode() if "text_input" in inputs else ""
@@ -259,23 +302,23 @@ class FakeTriton(service_pb2_grpc.GRPCInferenceServiceServicer):
                                     "tenant": inputs["tenant"][0].decode() if "tenant" in inputs else "",
                                     "priority": int(inputs["priority"][0]) if "priority" in inputs else None})
         if request.model_name != self.model_name:
-            await queue.put(error_response(request, f"Request for unknown model: '{request.model_name}'"))
+            await fail(f"Request for unknown model: '{request.model_name}'")
             return
         if self.state.engine_dead:
-            await queue.put(error_response(request, "engine dead: the engine failed: RuntimeError('fake')"))
+            await fail("engine dead: the engine failed: RuntimeError('fake')")
             return
         if "[invalid]" in text:
-            await queue.put(error_response(request, "invalid request: the fake refuses this prompt"))
+            await fail("invalid request: the fake refuses this prompt")
             return
         if "[request-failed]" in text:
-            await queue.put(error_response(request, "request failed: the model produced non-finite logits"))
+            await fail("request failed: the model produced non-finite logits")
             return
         if "[kill-engine]" in text:
             self.state.engine_dead = True
-            await queue.put(error_response(request, "engine failed: RuntimeError('fake kernel fault')"))
+            await fail("engine failed: RuntimeError('fake kernel fault')")
             return
         if self.state.fail_all or "[fail]" in text:
-            await queue.put(error_response(request, "engine failure (fake)"))
+            await fail("engine failure (fake)")
             return
         num_in = len(inputs["input_ids"]) if "input_ids" in inputs else len(text.split())
         max_tokens = int(params.get("max_tokens", 16))
@@ -297,7 +340,7 @@ class FakeTriton(service_pb2_grpc.GRPCInferenceServiceServicer):
                 if "[die-after-2]" in text and index == 2:
                     if channel:  # its tokens so far go out before its error, as the replica's
                         call.flush(channel)
-                    await queue.put(error_response(request, "engine died mid-stream (fake)"))
+                    await fail("engine died mid-stream (fake)")
                     return
                 last = index == limit - 1
                 entry["output_tokens"] = index + 1
@@ -324,7 +367,7 @@ class FakeTriton(service_pb2_grpc.GRPCInferenceServiceServicer):
         if command.get("open"):
             call.channels[channel_id] = (request.model_name, [])
             self.state.channels_open += 1
-            return channel_ack(request)
+            return channel_ack(request, self.state.batches)
         call.flush(channel_id)
         if call.channels.pop(channel_id, None) is not None:
             self.state.channels_open -= 1

@@ -6,7 +6,7 @@ from contextlib import aclosing
 
 import pytest
 
-from inference.replica_client import ReplicaStreamError
+from inference.replica_client import ReplicaRejected, ReplicaStreamError
 from inference.triton_client import TritonReplicaClient
 from tests.platform.test_triton_client import collect, tagged
 from tests.support.waiting import async_wait_until
@@ -35,6 +35,71 @@ async def test_concurrent_streams_come_back_in_shared_batches(fake_replica):
     state = fake_replica.state
     assert state.channel_entries == 8 * 16
     assert state.channel_batches < state.channel_entries  # requests shared batches
+    # Submitted in one turn of the loop: one message for the eight, not a write each.
+    assert state.batches_received == 1 and state.num_requests == 9
+    await client.close()
+
+
+async def test_a_batched_request_carries_what_a_lone_one_does(fake_replica):
+    client = TritonReplicaClient(first_token_timeout=10, token_timeout=10, calls_per_replica=1)
+    address = fake_replica.grpc_address
+    await _open_channel(client, address)
+    await collect(client, address, tagged("alone", "same prompt", 4))  # a batch of one
+    await asyncio.gather(*(collect(client, address, tagged(f"b{i}", "same prompt", 4))
+                           for i in range(3)))
+    assert fake_replica.state.batches_received == 1
+    sent = {r["request_id"]: r for r in fake_replica.state.requests}
+    for rid in ("b0", "b1", "b2"):
+        batched, alone = dict(sent[rid]), dict(sent["alone"])
+        assert list(batched.pop("input_ids")) == list(alone.pop("input_ids")) == [1, 2, 3]
+        assert {**batched, "request_id": "alone"} == alone
+    await client.close()
+
+
+async def test_a_replica_without_batches_gets_a_message_per_request(fake_replica):
+    fake_replica.state.batches = False  # channels, but from before submission batches
+    client = TritonReplicaClient(first_token_timeout=10, token_timeout=10, calls_per_replica=1)
+    address = fake_replica.grpc_address
+    await _open_channel(client, address)
+    results = await asyncio.gather(*(collect(client, address, tagged(f"r{i}", max_tokens=4))
+                                     for i in range(6)))
+    assert all([c.text for c in chunks] == [f" t{k}" for k in range(4)] for chunks in results)
+    assert fake_replica.state.batches_received == 0 and fake_replica.state.num_requests == 7
+    assert fake_replica.state.channel_entries == 6 * 4  # on the channel all the same
+    await client.close()
+
+
+async def test_a_batched_requests_error_fails_it_alone(fake_replica):
+    """A request of a batch has no response of its own: its error is an entry on the
+    channel, classified as a lone request's error reply is; its neighbours go on."""
+    client = TritonReplicaClient(first_token_timeout=10, token_timeout=10, calls_per_replica=1)
+    address = fake_replica.grpc_address
+    await _open_channel(client, address)
+    texts = ["fine", "[invalid]", "fine", "[request-failed]"]
+    results = await asyncio.gather(*(collect(client, address, tagged(f"r{i}", text, 5))
+                                     for i, text in enumerate(texts)), return_exceptions=True)
+    assert fake_replica.state.batches_received == 1
+    assert [c.text for c in results[0]] == [c.text for c in results[2]] == [
+        f" t{k}" for k in range(5)]
+    assert isinstance(results[1], ReplicaRejected) and "refuses this prompt" in str(results[1])
+    assert type(results[3]).__name__ == "ReplicaRequestFailed"
+    assert "non-finite" in str(results[3])
+    await client.close()
+
+
+async def test_a_batch_refused_as_a_whole_fails_each_of_its_requests(fake_replica):
+    client = TritonReplicaClient(first_token_timeout=10, token_timeout=10, calls_per_replica=1)
+    address = fake_replica.grpc_address
+    await _open_channel(client, address)
+    fake_replica.state.refuse_batches = True
+    results = await asyncio.gather(*(collect(client, address, tagged(f"r{i}")) for i in range(3)),
+                                   return_exceptions=True)
+    assert all(isinstance(r, ReplicaRejected) and "refuses batches" in str(r) for r in results)
+    fake_replica.state.refuse_batches = False
+    # The call goes on: the next requests are served on it.
+    results = await asyncio.gather(*(collect(client, address, tagged(f"s{i}")) for i in range(3)))
+    assert all([c.text for c in chunks] == [" t0", " t1", " t2"] for chunks in results)
+    assert fake_replica.state.calls_total == 1
     await client.close()
 
 
