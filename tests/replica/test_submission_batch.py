@@ -21,6 +21,7 @@ from replica.engine.engine_loop import EngineUnavailableError
 from replica.engine.request import FinishReason, RequestOutput
 from replica.engine.sampling_params import InvalidRequestError
 from replica.repository_writer import TEMPLATE_DIR
+from tests.replica.test_channel import Sender
 from tests.replica.test_error_reporting import TensorPb
 
 
@@ -120,17 +121,6 @@ def test_a_sub_request_gets_every_check_a_lone_request_gets():
 
 
 # ---- the model's execute path -------------------------------------------------------------------
-
-class Sender:
-    def __init__(self):
-        self.sent = []  # (response or None, flags)
-
-    def send(self, response=None, flags=0):
-        self.sent.append((response, flags))
-
-    def is_cancelled(self):
-        return False
-
 
 class Request:
     """A Triton request: its input tensors by name, its id and its sender."""

@@ -226,7 +226,7 @@ class _CountingChannels:
     """The platform client's channel protocol, counting the batches it reads."""
 
     def __init__(self, inner):
-        self._inner, self.batches = inner, []
+        self._inner, self.batches, self.submitted = inner, [], []
 
     def command(self, *args):
         return self._inner.command(*args)
@@ -234,10 +234,17 @@ class _CountingChannels:
     def is_ack(self, response):
         return self._inner.is_ack(response)
 
+    def takes_batches(self, response):
+        return self._inner.takes_batches(response)
+
     def entries(self, response):
         entries = self._inner.entries(response)
         self.batches.append(len(entries))
         return entries
+
+    def batch(self, model_name, batch_id, submissions):
+        self.submitted.append(len(submissions))
+        return self._inner.batch(model_name, batch_id, submissions)
 
 
 @pytest.mark.asyncio
@@ -276,6 +283,47 @@ async def test_the_platform_client_reads_the_tokens_of_concurrent_requests_in_ba
             alone_final.finish_reason, alone_final.num_output_tokens, alone_final.num_input_tokens)
     assert sum(counting.batches) == sum(len(chunks) for chunks in together)
     assert max(counting.batches) > 1  # an engine step's tokens of several requests together
+    # Submitted in one turn of the loop: the four went as one submission batch.
+    assert counting.submitted == [4]
+
+
+@pytest.mark.asyncio
+async def test_a_submission_batch_fails_its_bad_requests_alone(replica):
+    """Requests sent as one submission batch (replica/backend/submission_batch.py) get the
+    checks a lone request gets; a bad one's error comes on the channel, classified as a lone
+    request's error reply is, and its neighbours answer as they would alone."""
+    from inference.replica_client import ReplicaRejected, ReplicaRequest
+    from inference.triton_client import TritonReplicaClient
+
+    def request(name: str, prompt: str, **changes) -> ReplicaRequest:
+        fields = dict(request_id=f"{name}-{time.monotonic_ns()}", model_name=MODEL,
+                      prompt_text=prompt, prompt_token_ids=None, max_tokens=6,
+                      temperature=0.0, top_p=1.0, seed=0, stop=(), priority=0, tenant="t")
+        return ReplicaRequest(**{**fields, **changes})
+
+    async def collect(client, req):
+        return [chunk async for chunk in client.stream(replica.grpc_url, req)]
+
+    client = TritonReplicaClient(first_token_timeout=120, token_timeout=60, calls_per_replica=1)
+    solo = await collect(client, request("solo", PROMPTS[0]))  # opens the call's channel
+    (call,) = client._pools[replica.grpc_url].calls
+    call._channels = counting = _CountingChannels(call._channels)
+    results = await asyncio.gather(
+        collect(client, request("fine", PROMPTS[0])),
+        collect(client, request("top-p", PROMPTS[0], top_p=5.0)),  # refused at submission
+        collect(client, request("ids", "", prompt_token_ids=(1, 10**9))),  # by the engine
+        collect(client, request("fine-too", PROMPTS[0])),
+        return_exceptions=True)
+    after = await collect(client, request("after", PROMPTS[0]))
+    await client.close()
+    assert counting.submitted == [4]
+    text = "".join(c.text for c in solo)
+    for chunks in (results[0], results[3], after):
+        assert not isinstance(chunks, BaseException), chunks
+        assert "".join(c.text for c in chunks) == text and chunks[-1].final
+    assert isinstance(results[1], ReplicaRejected) and "top_p" in str(results[1]), results[1]
+    assert isinstance(results[2], ReplicaRejected), results[2]
+    assert "prompt token ids must lie in" in str(results[2])
 
 
 @pytest.mark.asyncio
