@@ -34,9 +34,9 @@ Submission batches (replica/backend/submission_batch.py): a replica whose acknow
 `"batches": true` takes several requests for the channel in one message. The writer sends what
 gathered in the outbox while its last write was in flight: consecutive requests for one such
 channel go as one batch (up to MAX_BATCH), everything else as it is, in order. grpc.aio takes
-one write at a time per call, and a write's completion reaches the event loop only on one of its
-turns, so a burst of 32 requests on two calls waited 5-10 ms (median, 2 vCPUs) for the writes
-ahead of it; the replica, for its part, takes one Triton request instead of one each. A batched
+one write at a time per call, and a write's completion reaches the event loop only on one of
+its turns, so a request of a burst of 32 on two calls waited 9.6-11.9 ms (median, 2 vCPUs) for
+its write; the replica, for its part, takes one Triton request instead of one each. A batched
 request has no response of its own: the replica sends its error as an entry on the channel; a
 batch the replica refuses as a whole (its error reply names the batch) fails each of its
 requests with that error.
@@ -86,7 +86,7 @@ class Inbox:
 
 
 class ChannelSupport(Protocol):
-    """How a call speaks the replica's channel protocol (inference/triton_client.py)."""
+    """How a call speaks the replica's channel protocol (inference/triton_messages.py)."""
 
     def command(self, model_name: str, channel_id: str, open_: bool): ...
 

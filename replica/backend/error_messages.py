@@ -1,7 +1,7 @@
 """The replica's error messages on the wire: what went wrong, by the message's prefix.
 
 Triton's gRPC stream carries an error as a message only (no status code), so the prefix is the
-contract with the platform (inference/triton_client.py classifies by it):
+contract with the platform (inference/triton_messages.py classifies by it):
 
   invalid request: ...  the request's own input; the same on every replica (client error, 400)
   request failed: ...   this request failed inside a working engine; the others went on

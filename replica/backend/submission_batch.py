@@ -1,8 +1,9 @@
 """Submission batches: one Triton request carrying several generation requests.
 
 Sent one Triton request each, a burst of requests costs the platform a gRPC write per request
-(writes on one stream are serialised: 5-10 ms of a 32-request burst's time to first token), and
-the replica a Triton request and a bare completion per request through the stub's IPC. A batch
+(writes on one stream go one at a time: a request of a 32-request burst waited ~10 ms at the
+median for its write, benchmarks/README.md, round frontdoor13), and the replica a Triton
+request and a bare completion per request through the stub's IPC. A batch
 is one Triton request and one platform write for many requests; their outputs, as those of
 any request on a channel, come back in the channel's batches (replica/backend/channel.py).
 A replica says it takes batches in its channel's acknowledgement (`"batches": true`).

@@ -1,6 +1,6 @@
 """A fake Triton replica: Triton's real gRPC streaming protocol, a scripted 'model'.
 
-It speaks the replica's tensor interface (see inference/triton_client.py) so the platform's
+It speaks the replica's tensor interface (see inference/triton_messages.py) so the platform's
 real `tritonclient.grpc.aio` code path is exercised without the engine. The model emits
 `max_tokens` tokens " t0", " t1", ... (finish_reason "length"), or follows directives found in
 the prompt text:

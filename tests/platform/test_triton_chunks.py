@@ -1,11 +1,11 @@
-"""inference.triton_client.parse_chunk: a streamed response's outputs read from the raw bytes,
+"""inference.triton_messages.parse_chunk: a streamed response's outputs read from the raw bytes,
 without numpy (pure logic: responses built as the fake Triton server builds them)."""
 from types import SimpleNamespace
 
 import pytest
 from tritonclient.grpc import InferResult
 
-from inference.triton_client import parse_chunk
+from inference.triton_messages import parse_chunk
 from tests.fakes.triton_server import LEAN_OUTPUTS, encode_response
 
 

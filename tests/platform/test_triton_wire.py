@@ -11,7 +11,7 @@ from tritonclient.grpc import InferInput
 from tritonclient.grpc._utils import _get_inference_request
 
 from inference.replica_client import ReplicaRequest
-from inference.triton_client import build_control_request, build_request
+from inference.triton_messages import build_control_request, build_request
 
 
 def _tensor(name: str, array: np.ndarray, datatype: str) -> InferInput:

@@ -135,14 +135,21 @@ def test_a_batch_the_stream_refuses_is_logged_not_raised(caplog):
     assert "could not be sent" in caplog.text
 
 
+def _sub_request(**options) -> tuple[Sender, Channel, ResponseStream, list]:
+    """A sub-request of a submission batch (sender=None) on a channel of its own: the channel's
+    sender, the channel, the stream and the flushes it scheduled."""
+    channel_sender, flushes = Sender(), []
+    channel = Channel(TensorPb, channel_sender, "ch")
+    options.setdefault("stream", True)
+    stream = ResponseStream(TensorPb, None, "a", on_cancel=lambda _: None, channel=channel,
+                            schedule_flush=lambda: flushes.append(1), **options)
+    return channel_sender, channel, stream, flushes
+
+
 def test_a_sub_request_has_no_sender_its_outputs_go_to_the_channel_and_nothing_completes():
     """A sub-request of a submission batch (sender=None): entries only, no bare completion,
     never polled for cancellation."""
-    channel_sender, flushes = Sender(), []
-    channel = Channel(TensorPb, channel_sender, "ch")
-    stream = ResponseStream(TensorPb, None, "a", stream=True, on_cancel=lambda _: None,
-                            poll_every=1, channel=channel,
-                            schedule_flush=lambda: flushes.append(1))
+    channel_sender, channel, stream, flushes = _sub_request(poll_every=1)
     stream.poll_idle()  # nothing to poll: no sender
     for index in range(3):
         stream.on_output(_token("a", index, finished=index == 2))
@@ -155,10 +162,7 @@ def test_a_sub_request_has_no_sender_its_outputs_go_to_the_channel_and_nothing_c
 
 
 def test_a_non_streamed_sub_request_sends_one_entry_with_the_whole_text():
-    channel_sender = Sender()
-    channel = Channel(TensorPb, channel_sender, "ch")
-    stream = ResponseStream(TensorPb, None, "a", stream=False, prompt_prefix="P:",
-                            on_cancel=lambda _: None, channel=channel, schedule_flush=lambda: None)
+    channel_sender, channel, stream, _ = _sub_request(stream=False, prompt_prefix="P:")
     for index in range(2):
         stream.on_output(_token("a", index, finished=index == 1))
     channel.flush()
@@ -166,10 +170,7 @@ def test_a_non_streamed_sub_request_sends_one_entry_with_the_whole_text():
 
 
 def test_a_sub_requests_error_output_is_one_entry_after_its_outputs():
-    channel_sender, flushes = Sender(), []
-    channel = Channel(TensorPb, channel_sender, "ch")
-    stream = ResponseStream(TensorPb, None, "a", stream=True, on_cancel=lambda _: None,
-                            channel=channel, schedule_flush=lambda: flushes.append(1))
+    channel_sender, channel, stream, flushes = _sub_request()
     stream.on_output(_token("a", 0, finished=False))
     stream.on_output(RequestOutput("a", [], "", True, FinishReason.ABORT, 5, 1, 0,
                                    error="the model produced non-finite logits",
@@ -184,10 +185,7 @@ def test_a_sub_requests_error_output_is_one_entry_after_its_outputs():
 
 
 def test_a_sub_requests_failure_after_a_flush_schedules_its_own():
-    channel_sender, flushes = Sender(), []
-    channel = Channel(TensorPb, channel_sender, "ch")
-    stream = ResponseStream(TensorPb, None, "a", stream=True, on_cancel=lambda _: None,
-                            channel=channel, schedule_flush=lambda: flushes.append(1))
+    channel_sender, channel, stream, flushes = _sub_request()
     stream.on_output(_token("a", 0, finished=False))
     channel.flush()
     stream.fail("request failed: sending a response failed: RuntimeError('x')")
