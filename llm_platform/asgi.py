@@ -24,6 +24,7 @@ from django.urls import get_resolver  # noqa: E402
 from consoles.ws_routing import websocket_urlpatterns as console_ws  # noqa: E402
 from inference.views.direct import DirectGeneration  # noqa: E402
 from inference.ws_routing import websocket_urlpatterns  # noqa: E402
+from llm_platform import idle_gc  # noqa: E402
 from llm_platform.request_heads import answer_overlong_lines, leave_bodies_to_the_app  # noqa: E402
 
 answer_overlong_lines()  # daphne's HTTP layer: a 431, not a dropped connection
@@ -35,6 +36,8 @@ leave_bodies_to_the_app()  # no form parsing in Twisted: the app reads the body
 get_resolver().url_patterns  # imports every view module now rather than at the first request
 gc.collect()
 gc.freeze()
+# Young collections between bursts rather than inside them (llm_platform/idle_gc.py).
+idle_gc.install(settings.API_GC_YOUNG_THRESHOLD)
 
 http_app = ASGIStaticFilesHandler(django_asgi_app) if settings.SERVE_STATIC else django_asgi_app
 if settings.API_DIRECT_PATH:  # the generation endpoints past Django's handler (same replies)

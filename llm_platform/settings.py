@@ -226,6 +226,9 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = API_MAX_BODY_BYTES
 # While requests wait for their first token, streams that already have one hold their tokens
 # for at most this long, then send them together (inference/first_token_priority.py; 0: off).
 API_RELAY_DEFER_MS = env_float("API_RELAY_DEFER_MS", 20.0)
+# The API process's young-generation GC threshold; the collection runs when no generation
+# request is in flight (llm_platform/idle_gc.py). 0: Python's own thresholds (700).
+API_GC_YOUNG_THRESHOLD = env_int("API_GC_YOUNG_THRESHOLD", 20000)
 # /healthz also reports the answering process's id (tests and benchmarks that check several API
 # processes share one port; off in deployments).
 API_REPORT_PROCESS_ID = env_bool("API_REPORT_PROCESS_ID", False)

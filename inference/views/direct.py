@@ -55,6 +55,7 @@ from inference.views.generation import (
     completions_view,
     generate_view,
 )
+from llm_platform import idle_gc
 from llm_platform.asgi_handler import only_djangos
 
 ROUTES = {  # path -> (view, the route's label in the HTTP metrics, as Django's resolver names it)
@@ -171,6 +172,9 @@ class DirectGeneration:
         task = asyncio.current_task()
         gone = asyncio.Event()
         listener = asyncio.get_running_loop().create_task(_disconnect(receive, task, gone))
+        collector = idle_gc.current()  # its collection waits for a moment with none in flight
+        if collector is not None:
+            collector.begin()
         try:
             request_id = await begin_request(headers.get(request_ids.HEADER))
             response = await view(request)
@@ -209,6 +213,8 @@ class DirectGeneration:
             task.uncancel()  # the client left: the request ended with it
         finally:
             listener.cancel()
+            if collector is not None:
+                collector.end()
             await release_db_connection()  # Django's request_finished: the connection, if any
 
 
