@@ -28,7 +28,9 @@ called by its holder while the request runs), and the scripts reclaim expired sl
 handing any out, so a slot of a process that died (or lost Redis) comes back by itself.
 
 Invariants: work-conserving (a slot is never idle while a live waiter for its version exists:
-every enter, release and fallback poll with free slots pumps); at most `max_queue` waiters per
+every enter, release and fallback poll with free slots pumps when anyone waits; an entry that
+finds nobody waiting and fewer slots running than its version's capacity takes one directly,
+as the pump would, without scanning every ticket); at most `max_queue` waiters per
 model; a waiter that stops polling (process died) is dropped after `heartbeat_s`, a slot held by
 a dead process expires after `slot_ttl_s`. Tickets are `tenant:version:uuid` (the pump reads
 tenant and version from them), so tenant names must not contain ':'.
@@ -171,6 +173,23 @@ local ticket, tenant, version = ARGV[4], ARGV[6], ARGV[8]
 local max_queue, hb_ms = tonumber(ARGV[11]), tonumber(ARGV[12])
 redis.call('SADD', KEYS[6], ARGV[13])
 redis.call('HSET', K_CAP, version, ARGV[9] .. ':' .. ARGV[10])
+redis.call('ZREMRANGEBYSCORE', K_RUN, '-inf', NOW)
+if redis.call('HLEN', K_WAIT) == 0 and redis.call('ZCARD', K_RUN) < tonumber(ARGV[9]) then
+  -- Nobody waits and the model's running slots (every version's) are fewer than this
+  -- version's capacity: the pump would admit this request alone, at once. The same
+  -- bookkeeping without the pump's scan of every running and waiting ticket (the common case;
+  -- 77 us of Redis per request with 32 running, round frontdoor14).
+  local clock = tonumber(redis.call('HGET', K_VT, '__clock') or '0')
+  local served = vt(tenant)
+  if served < clock then served = clock end  -- a returning tenant: no credit for idle time
+  redis.call('HINCRBY', K_HIST, 'seq', 1)
+  redis.call('HINCRBY', K_HIST, 'seq:' .. version, 1)
+  redis.call('ZADD', K_RUN, NOW + SLOT_TTL, ticket)
+  if served > clock then redis.call('HSET', K_VT, '__clock', served) end
+  redis.call('HSET', K_VT, tenant, served + tonumber(ARGV[7]))
+  record_wait(0)
+  return 1
+end
 purge()
 local backlogged = false
 for _, raw in ipairs(redis.call('HVALS', K_WAIT)) do
@@ -230,7 +249,9 @@ local ticket = ARGV[4]
 redis.call('HDEL', K_WAIT, ticket)
 redis.call('ZREM', K_RUN, ticket)
 if ARGV[5] ~= '' then redis.call('HINCRBY', K_HIST, 'rejected_' .. ARGV[5], 1) end
-pump()
+if redis.call('HLEN', K_WAIT) > 0 then  -- nobody waiting: no slot to hand out (an expired
+  pump()                                 -- slot is purged by the next entry or poll)
+end
 return 1
 """
 

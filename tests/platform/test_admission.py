@@ -390,3 +390,32 @@ async def test_slot_is_a_lease_reclaimed_after_its_ttl_unless_refreshed(redis):
     for s in (kept, slot):
         await s.release()
     assert await redis.zcard(queue.keys("m")[1]) == 0
+
+
+async def test_an_entry_admitted_without_the_pump_keeps_the_pumps_books(redis):
+    """Nobody waiting and fewer running than the version's capacity: the entry takes its slot
+    without the pump's scan of every ticket. Its books (virtual time and clock, the entry
+    counters, the wait histogram) are those the pump keeps for the same admission: the same
+    sequence of entries on two queues, one where the last entry goes through the pump (every
+    slot of the model is taken, though version 1 has a free one), one where it does not."""
+    async def books(capacity_v1: int) -> tuple:
+        queue = make_queue(redis)
+        earlier = await queue.admit("m", 1, waiter("A", cost=30), capacity=5)
+        await earlier.release()
+        other = await queue.admit("m", 2, waiter("C", cost=7), capacity=5)  # a canary's slot
+        slot = await queue.admit("m", 1, waiter("B", cost=11), capacity=capacity_v1)
+        assert not slot.queued
+        keys = queue.keys("m")
+        running = sorted(t.decode().split(":")[0] for t in await redis.zrange(keys[1], 0, -1))
+        state = (await redis.hgetall(keys[2]), await redis.hgetall(keys[3]), running)
+        await slot.release()
+        await other.release()
+        return state
+
+    through_pump = await books(capacity_v1=1)  # 1 running (C's) is not fewer than 1
+    direct = await books(capacity_v1=2)
+    assert direct == through_pump
+    vtime, stats, running = direct
+    assert (vtime[b"A"], vtime[b"B"], vtime[b"C"]) == (b"30", b"11", b"7")
+    assert stats[b"seq"] == b"3" and stats[b"seq:1"] == b"2" and stats[b"count"] == b"3"
+    assert running == ["B", "C"]
