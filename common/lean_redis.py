@@ -343,13 +343,30 @@ class LeanPool:
 
 
 def _parsed(callbacks, args: tuple, options: dict, reply):
-    """A reply through the client's callback for its command, as redis-py's parse_response."""
+    """A reply through the client's callback for its command, as redis-py's parse_response
+    (which may return an awaitable). redis-py's callbacks dict upper-cases its keys, and its
+    commands are named in capitals: a plain dict lookup finds them without the dict's
+    per-call upper-casing; any other name is looked up as redis-py would."""
     name = args[0]
-    if name in callbacks:
+    callback = dict.get(callbacks, name)
+    if callback is None:
+        if type(name) is str and name.isupper():
+            return reply
+        callback = callbacks.get(name)
+        if callback is None:
+            return reply
+    if options:
         options = {k: v for k, v in options.items()
                    if k not in (EMPTY_RESPONSE, NEVER_DECODE, "keys")}
-        return callbacks[name](reply, **options)
-    return reply
+    return callback(reply, **options)
+
+
+def _plain(reply) -> bool:
+    """Not awaitable, by its type alone (what most replies are), else by inspect's rule."""
+    return type(reply) in _PLAIN_REPLIES or not inspect.isawaitable(reply)
+
+
+_PLAIN_REPLIES = frozenset({bytes, int, list, dict, float, str, bool, type(None), set, tuple})
 
 
 class LeanPipeline(Pipeline):
@@ -373,7 +390,7 @@ class LeanPipeline(Pipeline):
                                     else reply)
                     continue
                 reply = _parsed(callbacks, args, options, reply)
-                if inspect.isawaitable(reply):
+                if not _plain(reply):
                     reply = await reply
                 response.append(reply)
             if raise_on_error:
@@ -417,7 +434,7 @@ class LeanRedis(aioredis.Redis):
                 return options[EMPTY_RESPONSE]
             raise reply
         reply = _parsed(self.response_callbacks, args, options, reply)
-        return await reply if inspect.isawaitable(reply) else reply
+        return reply if _plain(reply) else await reply
 
     def pipeline(self, transaction: bool = True, shard_hint: str | None = None) -> Pipeline:
         if transaction or shard_hint is not None or self.lean is None:

@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import uuid
 from dataclasses import dataclass
 from typing import Awaitable, Callable
 from common import redis_keys
@@ -47,6 +46,7 @@ from common import redis_keys
 from redis.exceptions import NoScriptError
 
 from common.pipelines import queue_script
+from common.random_ids import random_hex
 from inference.admission_wakeups import WakeUps
 
 logger = logging.getLogger(__name__)
@@ -376,7 +376,7 @@ class AdmissionQueue:
         queues more commands to send with the entry, in the same round trip, and returns the
         `finish(results)` awaited with their results (or the exception that failed the call).
         `on_wait()`: called once the entry says the request must wait, before it waits."""
-        ticket = f"{waiter.tenant}:{model_version_id}:{uuid.uuid4().hex}"
+        ticket = f"{waiter.tenant}:{model_version_id}:{random_hex()}"
         keys = self.keys(model)
         started = self._clock()
         try:

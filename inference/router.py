@@ -23,10 +23,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-import uuid
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
+from common.random_ids import random_hex
 from common import pipelines
 from common.ttl_cache import TtlCache
 from inference.circuit import HALF_OPEN, OPEN, CircuitBreaker
@@ -77,7 +77,7 @@ class Lease:
     # The replica's circuit had no state when it was chosen (no failure since the last
     # success): its first token has nothing to reset (`Router.first_token` skips Redis).
     circuit_clean: bool = False
-    lease_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    lease_id: str = field(default_factory=random_hex)
 
     async def release_prompt(self) -> None:
         """The prompt is prefilled (first token seen): it no longer loads the replica."""

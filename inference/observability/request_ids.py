@@ -11,9 +11,9 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import re
-import uuid
 
 from common import redis_keys
+from common.random_ids import random_hex
 
 HEADER = "X-Request-Id"
 # What a usage row can hold (64 chars) and a log line or header can carry safely.
@@ -26,7 +26,7 @@ _current: contextvars.ContextVar[str | None] = contextvars.ContextVar("request_i
 
 
 def new_request_id() -> str:
-    return uuid.uuid4().hex
+    return random_hex()
 
 
 def is_well_formed(value: str | None) -> bool:
