@@ -32,7 +32,8 @@ class UsageLease:
         self.client = client
         self.key = lease_key(prefix, request_id)
         self.ttl_ms = max(1, int(ttl_s * 1000))
-        self._keeper: asyncio.Task | None = None
+        self._keeper: asyncio.Task | None = None  # a refresh in progress
+        self._timer: asyncio.TimerHandle | None = None  # the next refresh
 
     async def hold(self) -> None:
         await self.set()
@@ -43,12 +44,19 @@ class UsageLease:
         pipe.set(self.key, b"1", px=self.ttl_ms)
 
     def keep(self) -> None:
-        """Refresh the lease (already set) every third of its TTL until released."""
-        self._keeper = asyncio.get_running_loop().create_task(self._keep())
+        """Refresh the lease (already set) every third of its TTL until released: a timer,
+        and a refresh task only when one is due (most requests end before the first), as
+        inference/keepalive.py keeps a request's other leases."""
+        if self._timer is None and self._keeper is None:
+            self._timer = asyncio.get_running_loop().call_later(self.ttl_ms / 3000.0,
+                                                                self._due)
 
     def abandon(self) -> None:
         """Stop refreshing; the lease expires on its own (the final event was not recorded:
         the reaper is to finalise the row)."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         if self._keeper is not None:
             self._keeper.cancel()
             self._keeper = None
@@ -60,10 +68,18 @@ class UsageLease:
         except (redis.RedisError, OSError) as exc:
             logger.warning("usage lease %s not released (%s); it expires", self.key, exc)
 
-    async def _keep(self) -> None:
-        while True:
-            await asyncio.sleep(self.ttl_ms / 3000.0)
+    def _due(self) -> None:
+        self._timer = None
+        self._keeper = asyncio.get_running_loop().create_task(self._refresh())
+
+    async def _refresh(self) -> None:
+        try:
             await self.set()
+        finally:
+            if self._keeper is asyncio.current_task():  # not abandoned meanwhile
+                self._keeper = None
+                self._timer = asyncio.get_running_loop().call_later(self.ttl_ms / 3000.0,
+                                                                    self._due)
 
     async def set(self) -> None:
         try:
