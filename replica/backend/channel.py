@@ -68,6 +68,12 @@ class Channel:
         self._running: set[str] = set()
         self._running_lock = threading.Lock()
         self._taking = True
+        # Held by `close` around its final response and by `gone` around its cancellation
+        # check (the watch thread's): Triton frees a request's response factory once its final
+        # response is sent, and asking a freed factory whether it was cancelled crashed
+        # tritonserver (SIGSEGV in TRITONBACKEND_ResponseFactoryIsCancelled, round
+        # frontdoor14's routing run: a close command raced the watch thread).
+        self._final_lock = threading.Lock()
 
     def add(self, entry: Entry) -> bool:
         """Queue one output; True when the channel held nothing (the caller schedules a flush
@@ -131,9 +137,12 @@ class Channel:
         if self.closed:
             return
         self.flush()
-        self.closed = True
-        self._sender.send(flags=self._pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        with self._final_lock:
+            self.closed = True
+            self._sender.send(flags=self._pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 
     def gone(self) -> bool:
-        """The stream that opened it is gone (its client cancelled or disconnected)."""
-        return self._sender.is_cancelled()
+        """The stream that opened it is gone (its client cancelled or disconnected). False
+        for a channel already completed: its request is Triton's no more to ask about."""
+        with self._final_lock:
+            return not self.closed and self._sender.is_cancelled()

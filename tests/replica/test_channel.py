@@ -4,6 +4,7 @@ test_triton_e2e.py)."""
 from __future__ import annotations
 
 import json
+import threading
 
 import numpy as np
 import pytest
@@ -210,3 +211,60 @@ def test_the_channel_keeps_its_running_sub_requests_and_hands_them_over_once_sto
     assert not channel.taking
     assert not channel.start("d")  # being closed: takes no more
     assert channel.stop_running() == []
+
+
+class FreedAfterFinal(Sender):
+    """Triton's response factory as the channel must treat it: freed once the final response
+    is sent, so a cancellation check after that is a use after free (tritonserver died of
+    SIGSEGV in TRITONBACKEND_ResponseFactoryIsCancelled)."""
+
+    def __init__(self):
+        super().__init__()
+        self.log: list[str] = []
+        self.in_check = threading.Event()
+        self.finish_check = threading.Event()
+        self.block_checks = False
+
+    def send(self, response=None, flags=0):
+        super().send(response, flags)
+        self.log.append("final" if flags else "batch")
+
+    def is_cancelled(self):
+        if any(flags for _, flags in self.sent):
+            raise AssertionError("is_cancelled after the final response: a freed factory")
+        self.log.append("check")
+        if self.block_checks:
+            self.in_check.set()
+            self.finish_check.wait(10)
+        self.log.append("checked")
+        return False
+
+
+def test_a_completed_channel_is_never_asked_whether_it_was_cancelled():
+    sender = FreedAfterFinal()
+    channel = Channel(TensorPb, sender, "ch")
+    assert channel.gone() is False
+    channel.close()
+    assert channel.gone() is False  # without asking Triton about a freed request
+    assert sender.log == ["check", "checked", "final"]
+
+
+def test_the_watch_threads_check_and_the_final_response_never_overlap():
+    """The watch thread is asking whether the channel's stream is gone when the sender thread
+    closes it: the final response waits for the answer (else the factory could be freed under
+    the check)."""
+    sender = FreedAfterFinal()
+    channel = Channel(TensorPb, sender, "ch")
+    channel.add(("a", " w0", "", 5, 1, 0, False))  # close() flushes it first
+    sender.block_checks = True
+    watch = threading.Thread(target=channel.gone)
+    watch.start()
+    assert sender.in_check.wait(10)
+    closer = threading.Thread(target=channel.close)
+    closer.start()
+    closer.join(0.5)  # it flushes, then waits for the check (bounded: it must not finish)
+    assert closer.is_alive() and "final" not in sender.log
+    sender.finish_check.set()
+    watch.join(10)
+    closer.join(10)
+    assert sender.log == ["check", "batch", "checked", "final"]
