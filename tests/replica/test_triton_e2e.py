@@ -51,6 +51,8 @@ class Replica:
     http_url: str
     server_pid: int
     lines: list[str] = field(default_factory=list)
+    # Its metrics as it became ready, before any test sent it anything.
+    fresh_metrics: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -98,6 +100,7 @@ def replica(tmp_path_factory):
     server_pid = int(re.search(r"pid=(\d+)", seen[-1]).group(1))
     handle = Replica(process, f"127.0.0.1:{grpc_port}", f"http://127.0.0.1:{metrics_port}/metrics",
                      f"http://127.0.0.1:{http_port}", server_pid, seen)
+    handle.fresh_metrics = scrape(handle.metrics_url)
     threading.Thread(target=lambda: [seen.append(x) for x in iter(lines.get, None)], daemon=True).start()
     yield handle
     if process.poll() is None:
@@ -180,9 +183,10 @@ async def wait_for_metrics(metrics_url: str, predicate, what: str,
 
 
 def test_a_fresh_replica_reports_its_kv_pool_before_serving_anything(replica):
-    # First in this module (the replica is the module's): before this fix its gauges stayed at
-    # 0 free of 0 blocks until the first request, and routing read that as a full pool.
-    metrics = scrape(replica.metrics_url)
+    # Read by the fixture as the replica became ready, whatever ran before this test: before
+    # the fix its gauges stayed at 0 free of 0 blocks until the first request, and routing
+    # read that as a full pool.
+    metrics = replica.fresh_metrics
     assert metrics["running_seqs"] == 0 and metrics["waiting_seqs"] == 0
     assert metrics["kv_total_blocks"] > 0
     assert metrics["kv_free_blocks"] == metrics["kv_free_uncached_blocks"] == \
