@@ -3,10 +3,10 @@
 CPython collects its youngest generation every 700 net allocations of container objects, so a
 burst of requests (each allocating a few thousand) triggers collections while it is being
 prepared, and each one scans every young object alive at that moment: the state of every
-request in flight. Measured on an API process serving 43 rounds of 32 streams
-(benchmarks/README.md, round frontdoor14): 545 collections, 152 ms of the process's CPU
-(110 us per request, about a tenth of a short request's cost), four of them full collections of
-10 ms each, every one inside a round.
+request in flight. Measured with `gc.callbacks` on an API process serving 43 rounds of 32
+streams (benchmarks/README.md, round frontdoor14): 452-528 collections inside requests, 112-145
+ms of the process's CPU (80-105 us per request, about a tenth of a short request's cost),
+three of them full collections of about 8 ms each.
 
 `IdleCollector` raises the young generation's threshold (`API_GC_YOUNG_THRESHOLD`, 20000:
 automatic collections become rare; the older generations keep Python's thresholds, counted in
@@ -20,6 +20,8 @@ less often.
 
 `install()` is called once per API process (llm_platform/asgi.py, after `gc.freeze()`);
 `inference/views/direct.py` brackets each generation request with `begin()` / `end()`.
+WebSocket generations are not counted: a collection may run while one streams (as any
+collection did before), never inside an HTTP burst's requests.
 `API_GC_YOUNG_THRESHOLD=0` leaves Python's collector as it is.
 """
 from __future__ import annotations
