@@ -10,6 +10,7 @@ the one that called it.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import NamedTuple
 
 from inference.idempotency import Claim
 from inference.quota import Charge
@@ -60,9 +61,9 @@ class Replayed:
     quota_headers: dict[str, str]  # the buckets as they are: a replay charges nothing
 
 
-@dataclass(frozen=True)
-class Delta:
-    """Text the replica produced; several tokens that arrived together are one Delta."""
+class Delta(NamedTuple):
+    """Text the replica produced; several tokens that arrived together are one Delta. A named
+    tuple, as ReplicaChunk (inference/replica_client.py): one is built per token."""
 
     text: str
 
