@@ -9,6 +9,9 @@ where the Python process's CPU went):
   `--concurrency` at a time;
 - `stream`: `--rounds` rounds of `--streams` streams of `--max-tokens` tokens.
 
+The client is benchmarks.gateway's (`--client raw` by default, or `httpx`), and the fleet has
+as many admission slots as requests run at once, as there.
+
 For each phase it prints the API process's CPU per request (or per token) measured during
 the phase (py-spy's sampling adds to it: compare like with like) and the share of samples per
 function, inclusive (the function and what it calls; a function counted once per sample) and
@@ -35,7 +38,14 @@ import httpx
 import psutil
 
 from benchmarks.fleet import REPO, lift_tenant_limits, start_fleet
-from benchmarks.gateway import api_processes, cpu_seconds, timed_round, via_platform
+from benchmarks.gateway import (
+    api_processes,
+    cpu_seconds,
+    timed_round,
+    via_platform,
+    via_platform_raw,
+)
+from benchmarks.raw_http import RawClient
 
 _FRAME = re.compile(r"^(?P<function>.*?) \((?P<file>[^()]*?)(?::\d+)?\)$")
 
@@ -110,7 +120,11 @@ class Spy:
 async def run(args) -> None:
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    fleet = start_fleet("fake", database=args.database)
+    # As benchmarks.gateway: as many admission slots as requests at once, so that none waits
+    # for a slot (with the default of 16, 32 streams queued, and some were refused with 503).
+    slots = max(args.streams, args.concurrency)
+    fleet = start_fleet("fake", database=args.database,
+                        extra_env={"ADMISSION_SLOTS_PER_REPLICA": str(slots)})
     try:
         lift_tenant_limits(fleet)  # 600 requests in seconds are past the tier's (429s)
         (pid,) = daphne_pids(fleet)
@@ -118,13 +132,25 @@ async def run(args) -> None:
         limits = httpx.Limits(max_connections=args.streams * 2,
                               max_keepalive_connections=args.streams)
         async with httpx.AsyncClient(timeout=600, limits=limits) as http:
-            await timed_round(lambda i: via_platform(http, fleet, i, 8), 8)  # warm-up
-            await timed_round(lambda i: via_platform(http, fleet, i, 1, stream=False), 32)
+            # The client of benchmarks.gateway (`--client raw`, the lean SSE reader, by
+            # default): with httpx the client's own CPU paces the requests, and the API's CPU
+            # per request measured 2.5x what it is under the lean client (3.1 against 1.1-1.4 ms
+            # for short requests), since requests then arrive one by one and every write wakes
+            # an idle peer.
+            raw = RawClient(fleet.base_url, max_connections=args.streams * 2)
+
+            def plat(i, n, stream=True):
+                if args.client == "raw":
+                    return via_platform_raw(raw, fleet, i, n, stream)
+                return via_platform(http, fleet, i, n, stream)
+
+            await timed_round(lambda i: plat(i, 8), 8)  # warm-up
+            await timed_round(lambda i: plat(i, 1, stream=False), 32)
             sem = asyncio.Semaphore(args.concurrency)
 
             async def short(i):
                 async with sem:
-                    return await via_platform(http, fleet, i, 1, stream=False)
+                    return await plat(i, 1, stream=False)
 
             for phase in args.phases:
                 spy = Spy(pid, out_dir / f"{phase}.txt", args.rate) if not args.no_spy else None
@@ -137,7 +163,7 @@ async def run(args) -> None:
                     tokens = 0
                     for _ in range(args.rounds):
                         _, samples = await timed_round(
-                            lambda i: via_platform(http, fleet, i, args.max_tokens), args.streams)
+                            lambda i: plat(i, args.max_tokens), args.streams)
                         tokens += sum(s.output_tokens for s in samples)
                     work, unit = tokens, "us per token"
                 wall = time.perf_counter() - start
@@ -149,6 +175,7 @@ async def run(args) -> None:
                       f"{cpu * scale / work:.2f} {unit}; load {os.getloadavg()}", flush=True)
                 if spy is not None:
                     print(report(spy.out, args.top), flush=True)
+            await raw.aclose()
     finally:
         fleet.stop()
 
@@ -166,6 +193,8 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=45)
     parser.add_argument("--out-dir", default="var/profile")
     parser.add_argument("--database", default="llm_platform_bench")
+    parser.add_argument("--client", choices=["raw", "httpx"], default="raw",
+                        help="as benchmarks.gateway's --client")
     parser.add_argument("--no-spy", action="store_true", help="the phases alone, no py-spy")
     parser.add_argument("--report", metavar="RAW", help="print the shares of a saved profile")
     args = parser.parse_args()
