@@ -1,5 +1,9 @@
 # Developer entry points. Both install into .venv/ at the repository root first.
-PYTHON ?= python3
+# The interpreter .venv/ is made from: the distribution's CPython 3.11 where there is one (built
+# with PGO and LTO: about 10-30 % less CPU per API request than a plain source build of the same
+# version), else python3 (scripts/base_python.sh says why). An existing .venv/ is kept: remove
+# it to rebuild from another interpreter.
+PYTHON ?= $(shell scripts/base_python.sh)
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
