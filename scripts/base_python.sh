@@ -13,8 +13,10 @@
 # (benchmarks.gateway_ab), and benchmarks.gateway's cpu_ms_per_request was 0.86-0.94 against
 # 1.25-1.56. The official python:3.11 images (deploy/Dockerfile) are built with
 # --enable-optimizations --with-lto already.
+#
+# BASE_PYTHON_CANDIDATE names another distribution interpreter to prefer (the tests use it).
 set -eu
-candidate=/usr/bin/python3.11
+candidate=${BASE_PYTHON_CANDIDATE:-/usr/bin/python3.11}
 if [ -x "$candidate" ] && "$candidate" -c "import ensurepip, venv" >/dev/null 2>&1; then
     echo "$candidate"
 else
