@@ -1,8 +1,8 @@
 # Developer entry points. Both install into .venv/ at the repository root first.
 # The interpreter .venv/ is made from: the distribution's CPython 3.11 where there is one (built
-# with PGO and LTO: about 10-30 % less CPU per API request than a plain source build of the same
-# version), else python3 (scripts/base_python.sh says why). An existing .venv/ is kept: remove
-# it to rebuild from another interpreter.
+# with PGO and LTO: 8-15 % less CPU per API request, side by side, than a plain source build of
+# the same version), else python3 (scripts/base_python.sh says why). An existing .venv/ is kept:
+# remove it to rebuild from another interpreter.
 PYTHON ?= $(shell scripts/base_python.sh)
 VENV := .venv
 PY := $(VENV)/bin/python
