@@ -119,6 +119,14 @@ async def via_platform_raw(client: RawClient, fleet, index: int, max_tokens: int
     return Sample(seen["ttft"] or 0.0, time.perf_counter() - start, seen["output_tokens"])
 
 
+def platform_caller(client: str, raw: RawClient, http: httpx.AsyncClient, fleet):
+    """`call(index, max_tokens, stream=True)` through the platform with the client `--client`
+    names: `raw` (benchmarks/raw_http.py, the lean reader) or `httpx`."""
+    if client == "raw":
+        return lambda i, n, stream=True: via_platform_raw(raw, fleet, i, n, stream)
+    return lambda i, n, stream=True: via_platform(http, fleet, i, n, stream)
+
+
 async def direct(client: TritonReplicaClient, fleet, prompts, index: int, max_tokens: int) -> Sample:
     text, ids = prompts[index % len(prompts)]
     request = ReplicaRequest(request_id=f"bench-{index}-{time.monotonic_ns()}",
@@ -192,12 +200,7 @@ async def run(args, replica: str) -> dict:
             triton = TritonReplicaClient(first_token_timeout=600, token_timeout=600,
                                          channels=args.direct_channels,
                                          calls_per_replica=2 if args.direct_channels else 16)
-            if args.client == "raw":
-                def plat_call(i, n, stream=True):
-                    return via_platform_raw(raw, fleet, i, n, stream)
-            else:
-                def plat_call(i, n, stream=True):
-                    return via_platform(http, fleet, i, n, stream)
+            plat_call = platform_caller(args.client, raw, http, fleet)
             plat = lambda i, n=args.max_tokens: plat_call(i, n)  # noqa: E731
             dire = lambda i, n=args.max_tokens: direct(triton, fleet, prompts, i, n)  # noqa: E731
             await timed_round(lambda i: plat(i, 8), 4)  # warm-up: tokenizer, channels, caches

@@ -38,13 +38,7 @@ import httpx
 import psutil
 
 from benchmarks.fleet import REPO, lift_tenant_limits, start_fleet
-from benchmarks.gateway import (
-    api_processes,
-    cpu_seconds,
-    timed_round,
-    via_platform,
-    via_platform_raw,
-)
+from benchmarks.gateway import api_processes, cpu_seconds, platform_caller, timed_round
 from benchmarks.raw_http import RawClient
 
 _FRAME = re.compile(r"^(?P<function>.*?) \((?P<file>[^()]*?)(?::\d+)?\)$")
@@ -137,11 +131,7 @@ async def run(args) -> None:
             # per short request read 3.1 ms against 1.8 under the lean client, since requests
             # then arrive one by one and every write wakes an idle peer.
             raw = RawClient(fleet.base_url, max_connections=args.streams * 2)
-
-            def plat(i, n, stream=True):
-                if args.client == "raw":
-                    return via_platform_raw(raw, fleet, i, n, stream)
-                return via_platform(http, fleet, i, n, stream)
+            plat = platform_caller(args.client, raw, http, fleet)
 
             await timed_round(lambda i: plat(i, 8), 8)  # warm-up
             await timed_round(lambda i: plat(i, 1, stream=False), 32)
