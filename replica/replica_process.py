@@ -175,11 +175,15 @@ class ReplicaProcess:
             )
 
     def wait_ready(self, timeout_s: float = 300.0, interrupted: threading.Event | None = None) -> float:
-        """Block until the model answers ready; returns the seconds waited. Raises LaunchError
-        (with the server log's tail) if the server exits or the timeout passes."""
+        """Block until the model answers ready and the metrics port answers; returns the seconds
+        waited. Raises LaunchError (with the server log's tail) if the server exits or the timeout
+        passes.
+
+        Triton opens its metrics port after its HTTP port: a caller that scraped metrics as soon
+        as the model answered ready was refused (CI, tests/replica/test_triton_e2e.py)."""
         process = self._require_process()
         started = self._clock()
-        url = f"{self.http_url}/v2/models/{self.spec.model_name}/ready"
+        pending = [f"{self.http_url}/v2/models/{self.spec.model_name}/ready", self.metrics_url]
         while True:
             if process.poll() is not None:
                 self._cleanup_shm()
@@ -187,12 +191,15 @@ class ReplicaProcess:
                     f"tritonserver exited with code {process.returncode} before the model was ready\n"
                     + self.log_tail()
                 )
-            if _http_ok(url, self.spec.access_token):
+            while pending and _http_ok(pending[0], self.spec.access_token):
+                pending.pop(0)
+            if not pending:
                 return self._clock() - started
             if interrupted is not None and interrupted.is_set():
                 raise LaunchError("interrupted while waiting for the model to load")
             if self._clock() - started > timeout_s:
-                raise LaunchError(f"model not ready after {timeout_s:.0f} s\n" + self.log_tail())
+                waiting_for = "model" if len(pending) == 2 else "metrics port"
+                raise LaunchError(f"{waiting_for} not ready after {timeout_s:.0f} s\n" + self.log_tail())
             self._sleep(0.1)
 
     def poll(self) -> int | None:
