@@ -42,11 +42,12 @@ async def _serve(request, kind: EndpointKind):
     # Until its first token (a stream) or its reply, the request goes before streams' relays
     # (inference/first_token_priority.py).
     with first_tokens.pending():
-        async with preparing(deadline):  # 503 in seconds if PostgreSQL or Redis hangs
+        # 503 in seconds if PostgreSQL or Redis hangs
+        async with preparing(deadline, container.deadlines):
             outcome = await container.preparation.prepare(kind, submission)
         quota_headers = outcome.quota_headers
         try:
-            response = await _reply(container.generation, outcome, kind, deadline, first_tokens)
+            response = await _reply(container, outcome, kind, deadline)
         except ApiError as exc:
             exc.headers = {**quota_headers, **exc.headers}
             raise
@@ -55,12 +56,13 @@ async def _serve(request, kind: EndpointKind):
     return response
 
 
-async def _reply(generation, outcome, kind: EndpointKind, deadline: float, first_tokens):
+async def _reply(container, outcome, kind: EndpointKind, deadline: float):
     fmt = kind.response_format
     if not outcome.request.stream:
-        result = await complete(generation, outcome, deadline)
+        result = await complete(container.generation, outcome, deadline, container.deadlines)
         return HttpResponse(orjson.dumps(fmt.complete(result)), content_type="application/json")
-    frames = await open_frames(generation, outcome, fmt, deadline, first_tokens)
+    frames = await open_frames(container.generation, outcome, fmt, deadline,
+                               container.first_tokens, container.deadlines)
     response = SseResponse(sse_bytes(fmt, frames))
     response["Cache-Control"] = "no-cache"
     response["X-Accel-Buffering"] = "no"
