@@ -112,8 +112,7 @@ class StreamConsumer(AsyncWebsocketConsumer):
             deadline = request_deadline()
             first_tokens = container.first_tokens  # as the HTTP routes
             with first_tokens.pending():
-                # 503 in seconds if PostgreSQL or Redis hangs
-                async with preparing(deadline, container.deadlines):
+                async with preparing(deadline):  # 503 in seconds if PostgreSQL or Redis hangs
                     principal = await container.preparation.authenticate(authorization)
                     self.authenticated = True
                     # One key-rate count with the HTTP routes.
@@ -122,8 +121,7 @@ class StreamConsumer(AsyncWebsocketConsumer):
                         idempotency_key if isinstance(idempotency_key, str) else None,
                         conversation_id if isinstance(conversation_id, str) else None)
                 frames = await open_frames(container.generation, outcome,
-                                           GENERATE.response_format, deadline, first_tokens,
-                                           container.deadlines)
+                                           GENERATE.response_format, deadline, first_tokens)
             failed = False
             async with aclosing(frames):
                 async for frame_set in frames:  # tokens that arrived together: one message

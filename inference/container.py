@@ -23,7 +23,6 @@ import redis.asyncio as aioredis
 from django.apps import apps
 from django.conf import settings
 
-from common.deadlines import Deadlines
 from inference.admission import ADMISSION_POLICIES, AdmissionQueue
 from inference.canary import RolloutCatalog, VersionChooser
 from inference.generation import Generation
@@ -59,7 +58,6 @@ class Container:
     preparation: Preparation  # everything before admission
     generation: Generation  # admit, route and stream, finish
     first_tokens: FirstTokenPriority  # requests before their first token go first
-    deadlines: Deadlines  # the requests' time bounds, on one timer (common/deadlines.py)
     # Shared resources: closed with the container; lent to /metrics and tests.
     redis: aioredis.Redis
     key_prefix: str
@@ -72,7 +70,6 @@ class Container:
     auth: KeyAuthenticator  # API keys, cached in this process (revocations published)
 
     async def close(self) -> None:
-        self.deadlines.close()
         await self.auth.close()
         await self.process.stop()
         await self.signal_poller.stop()
@@ -149,7 +146,6 @@ def build_container(tokenizers: TokenizerCache) -> Container:
         router=router, admission=admission, buckets=buckets, replica_client=replica_client,
         signal_poller=poller, process=process, auth=auth,
         first_tokens=FirstTokenPriority(settings.API_RELAY_DEFER_MS / 1000.0),
-        deadlines=Deadlines(),
     )
 
 

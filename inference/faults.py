@@ -15,7 +15,6 @@ from django.conf import settings
 from django.db import DatabaseError, InterfaceError, OperationalError
 from redis.exceptions import RedisError
 
-from common.deadlines import Deadlines
 from inference.errors import ApiError, DeadlineExceeded, ServiceUnavailable
 
 logger = logging.getLogger(__name__)
@@ -52,24 +51,17 @@ def as_api_error(exc: BaseException, where: str = "") -> ApiError:
     return ApiError("Internal error.")
 
 
-def bound_at(when: float, deadlines: Deadlines | None):
-    """`asyncio.timeout_at(when)`, on the loop's shared timer when `deadlines` is given."""
-    return asyncio.timeout_at(when) if deadlines is None else deadlines.at(when)
-
-
 @contextlib.asynccontextmanager
-async def preparing(deadline: float, deadlines: Deadlines | None = None):
+async def preparing(deadline: float):
     """Bounds everything before generation (authentication, limits, catalogue, tokenizer,
     idempotency, quota: reads of PostgreSQL and Redis) by REQUEST_PREPARE_TIMEOUT_SECONDS: a
     hung PostgreSQL (which, unlike Redis, has no read timeout) answers 503 in seconds instead
     of holding the client until the request deadline. The thread stuck in the driver stays
-    stuck until PostgreSQL answers again; the client does not wait for it. `deadlines`: the
-    event loop's (common/deadlines.py: one timer for every request's bounds); None: an
-    asyncio.timeout_at of its own."""
+    stuck until PostgreSQL answers again; the client does not wait for it."""
     loop = asyncio.get_running_loop()
     bound = min(deadline, loop.time() + settings.REQUEST_PREPARE_TIMEOUT_SECONDS)
     try:
-        async with bound_at(bound, deadlines):
+        async with asyncio.timeout_at(bound):
             yield
     except TimeoutError:
         if loop.time() >= deadline:

@@ -30,8 +30,7 @@ from typing import AsyncIterator
 import orjson
 from django.conf import settings
 
-from common.deadlines import Deadlines
-from inference.faults import as_api_error, bound_at, deadline_exceeded
+from inference.faults import as_api_error, deadline_exceeded
 from inference.formats.base import Event, ResponseFormat, StreamMeta, replay_events
 from inference.generation import Generation
 from inference.first_token_priority import FirstTokenPriority
@@ -63,15 +62,14 @@ async def _replay(frames: Frames) -> AsyncIterator[Frames]:
 
 async def open_frames(generation: Generation, outcome: PreparedRequest | Replayed,
                       fmt: ResponseFormat, deadline: float | None = None,
-                      first_tokens: FirstTokenPriority | None = None,
-                      deadlines: Deadlines | None = None) -> AsyncIterator[Frames]:
+                      first_tokens: FirstTokenPriority | None = None) -> AsyncIterator[Frames]:
     meta = meta_for(outcome)
     if isinstance(outcome, Replayed):
         return _replay(replay_events(fmt, meta, Result.from_dict(outcome.result)))
     deadline = request_deadline() if deadline is None else deadline
     items = generation.generate(outcome)
     try:
-        async with bound_at(deadline, deadlines):
+        async with asyncio.timeout_at(deadline):
             first = await anext(items)  # raises ApiError before any token
     except TimeoutError:
         await items.aclose()
@@ -232,14 +230,13 @@ async def _relay(pump: _Pump, fmt: ResponseFormat, meta: StreamMeta) -> AsyncIte
 
 
 async def complete(generation: Generation, outcome: PreparedRequest | Replayed,
-                   deadline: float | None = None, deadlines: Deadlines | None = None) -> Result:
-    """The whole reply of a non-streaming request (504 past `deadline`). `deadlines`: the
-    event loop's shared timer (common/deadlines.py), else an asyncio.timeout_at."""
+                   deadline: float | None = None) -> Result:
+    """The whole reply of a non-streaming request (504 past `deadline`)."""
     if isinstance(outcome, Replayed):
         return Result.from_dict(outcome.result)
     deadline = request_deadline() if deadline is None else deadline
     try:
-        async with bound_at(deadline, deadlines):
+        async with asyncio.timeout_at(deadline):
             async with aclosing(generation.generate(outcome)) as items:
                 async for item in items:
                     if isinstance(item, Done):

@@ -42,12 +42,11 @@ async def _serve(request, kind: EndpointKind):
     # Until its first token (a stream) or its reply, the request goes before streams' relays
     # (inference/first_token_priority.py).
     with first_tokens.pending():
-        # 503 in seconds if PostgreSQL or Redis hangs
-        async with preparing(deadline, container.deadlines):
+        async with preparing(deadline):  # 503 in seconds if PostgreSQL or Redis hangs
             outcome = await container.preparation.prepare(kind, submission)
         quota_headers = outcome.quota_headers
         try:
-            response = await _reply(container, outcome, kind, deadline)
+            response = await _reply(container.generation, outcome, kind, deadline, first_tokens)
         except ApiError as exc:
             exc.headers = {**quota_headers, **exc.headers}
             raise
@@ -56,13 +55,12 @@ async def _serve(request, kind: EndpointKind):
     return response
 
 
-async def _reply(container, outcome, kind: EndpointKind, deadline: float):
+async def _reply(generation, outcome, kind: EndpointKind, deadline: float, first_tokens):
     fmt = kind.response_format
     if not outcome.request.stream:
-        result = await complete(container.generation, outcome, deadline, container.deadlines)
+        result = await complete(generation, outcome, deadline)
         return HttpResponse(orjson.dumps(fmt.complete(result)), content_type="application/json")
-    frames = await open_frames(container.generation, outcome, fmt, deadline,
-                               container.first_tokens, container.deadlines)
+    frames = await open_frames(generation, outcome, fmt, deadline, first_tokens)
     response = SseResponse(sse_bytes(fmt, frames))
     response["Cache-Control"] = "no-cache"
     response["X-Accel-Buffering"] = "no"
