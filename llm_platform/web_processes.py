@@ -125,22 +125,40 @@ def main() -> int:
     procs = start(socks, daphne_args)
     for sock in set(socks):
         sock.close()  # the children hold them
+    print(f"{len(procs)} API processes on {args.host}:{args.port}: "
+          f"{' '.join(str(p.pid) for p in procs)}", flush=True)
+    return supervise(procs)
 
-    def on_signal(*_):
-        raise _Stop()
+
+def supervise(procs: list[subprocess.Popen], grace_s: float = STOP_GRACE_SECONDS) -> int:
+    """Until a child exits or SIGTERM / SIGINT comes, then `stop` them all; the exit status.
+
+    Once the stop is under way, another SIGTERM or SIGINT (a process group signalled twice, a
+    second Ctrl-C) is said on stderr and changes nothing: the stop ends within its grace,
+    SIGKILL after. Raised again inside `stop`, it ended this process with a traceback while
+    its children were still draining, and nothing killed them after the grace."""
+    stopping = False
+
+    def on_signal(signum, _frame):
+        nonlocal stopping
+        if not stopping:
+            stopping = True
+            raise _Stop()
+        os.write(2, f"signal {signum} while stopping: the stop goes on (SIGKILL after "
+                    f"{grace_s:.0f} s)\n".encode())
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, on_signal)
-    print(f"{len(procs)} API processes on {args.host}:{args.port}: "
-          f"{' '.join(str(p.pid) for p in procs)}", flush=True)
+    status = 0
     try:
         pid, wait_status = os.wait()  # until a child exits (or a signal stops us)
+        stopping = True
         status = os.waitstatus_to_exitcode(wait_status) or 1
         print(f"API process {pid} exited with {status}; stopping the others", file=sys.stderr,
               flush=True)
     except _Stop:
-        status = 0
-    stop(procs)
+        pass
+    stop(procs, grace_s)
     return status
 
 
