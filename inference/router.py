@@ -226,8 +226,7 @@ class RoutingState:
 
 class Router:
     """Decisions take no lock: each reads its snapshot in one pipelined round trip and takes
-    its lease (outstanding tokens, prefix index, counters) in one more, which the request does
-    not wait for before it goes to its replica. Requests of this
+    its lease (outstanding tokens, prefix index, counters) in one more. Requests of this
     process decided while another's lease is on its way to Redis see it anyway: the tokens and
     prompt blocks chosen and not yet written are kept in memory (`_inflight`) and added to
     every snapshot until the write lands, so requests arriving together do not all read the
@@ -242,7 +241,6 @@ class Router:
         self.state = state
         self._poller = poller
         self._inflight: list[_Inflight] = []
-        self._holding: set[asyncio.Task] = set()  # leases' round trips under way
         self._epoch = 0
         self._deciding: list[int] = []  # the epoch each running decision started at
 
@@ -415,41 +413,24 @@ class Router:
         inflight = _Inflight(model_version_id, replica_id, lease.held_tokens,
                              request.block_hashes)
         self._inflight.append(inflight)  # before any await: the next decision sees it
-
-        def build(pipe):  # one round trip: the tokens, the prefix index, the counters
-            self._counter.queue_hold(pipe, model_version_id, lease.lease_id, replica_id,
-                                     lease.held_tokens)
-            self.state.prefix_index.queue_record(pipe, model_version_id,
-                                                 request.block_hashes, replica_id)
-            self.state.stats.queue_add(pipe, model_version_id, replica_id, policy_name,
-                                       routed=1)
-
-        # The request goes to its replica without waiting for this round trip: the decision
-        # is made, and this process's next decisions count the lease (`_inflight`) until its
-        # hold is known to have landed. One turn of the loop lets the hold's task queue its
-        # commands first: the request's own later ones (its give-backs, even on a failure
-        # right away) follow them on the lean connection, and Redis runs them in that order.
-        holding = asyncio.get_running_loop().create_task(self._hold(build, lease, inflight))
-        self._holding.add(holding)
-        holding.add_done_callback(self._holding.discard)
-        await asyncio.sleep(0)
-        return lease
-
-    async def _hold(self, build, lease: Lease, inflight: _Inflight) -> None:
-        """The lease's round trip, after the request has gone on. A failure (Redis unreachable)
-        gives its tokens back as best it can: the request runs on without a lease, as one
-        whose lease expired, and its own give-backs find nothing held."""
         try:
+            def build(pipe):  # one round trip: the tokens, the prefix index, the counters
+                self._counter.queue_hold(pipe, model_version_id, lease.lease_id, replica_id,
+                                         lease.held_tokens)
+                self.state.prefix_index.queue_record(pipe, model_version_id,
+                                                     request.block_hashes, replica_id)
+                self.state.stats.queue_add(pipe, model_version_id, replica_id, policy_name,
+                                           routed=1)
+
             await pipelines.execute(self.state.redis, build, self._scripts())
-        except Exception as exc:  # noqa: BLE001 - logged; the lease expires if it landed
+        except BaseException:  # the caller never sees this lease: give its tokens back here
             self._inflight.remove(inflight)
-            logger.warning("lease %s not recorded (%r); the request runs without it",
-                           lease.lease_id, exc)
-            await _release_quietly(lease)
-            return
+            await asyncio.shield(_release_quietly(lease))
+            raise
         self._epoch += 1
         inflight.landed = self._epoch
         self._prune()
+        return lease
 
     # ---- outcomes (inference/generation.py reports them) ---------------------------------------
 

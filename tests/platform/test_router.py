@@ -1,5 +1,4 @@
 """Router: the policy on fixed snapshots (exact choices) and the shared counts in Redis."""
-import asyncio
 import random
 
 import pytest
@@ -216,57 +215,3 @@ async def test_a_prefetched_snapshot_spares_the_decision_its_read(model_version)
         await lease.release()
     counter = OutstandingTokens(current_container().redis, current_container().key_prefix)
     assert await counter.read(model_version.pk, sorted(ids)) == {rid: 0 for rid in ids}
-
-
-@pytestmark_db
-@pytest.mark.asyncio
-async def test_a_lease_given_back_at_once_after_routing_leaves_nothing_held(model_version):
-    """The lease's round trip is not waited for (the request goes to its replica first), yet a
-    give-back right after `acquire` (a request that fails at once) reaches Redis after the
-    hold: nothing stays held, and the lease's counters landed."""
-    from asgiref.sync import sync_to_async
-
-    r1 = await sync_to_async(register_replica)(model_version, "127.0.0.1:9001")
-    router = current_container().router
-    counter = OutstandingTokens(current_container().redis, current_container().key_prefix)
-    lease = await router.acquire(model_version.pk, "least_outstanding_tokens", REQUEST)
-    await lease.release()
-    assert await counter.read(model_version.pk, [r1.pk]) == {r1.pk: 0}
-    lease = await router.acquire(model_version.pk, "least_outstanding_tokens", REQUEST)
-    assert await counter.read(model_version.pk, [r1.pk]) == {r1.pk: 30}  # landed by then
-    await lease.release()
-
-
-@pytestmark_db
-@pytest.mark.asyncio
-async def test_a_lease_redis_refuses_leaves_the_request_routed_and_forgets_it(model_version,
-                                                                               monkeypatch):
-    """Redis failing on the lease's round trip, after the decision: the request keeps its
-    replica (it is on its way there), the process stops counting the lease in its next
-    decisions, and its give-backs find nothing held."""
-    from asgiref.sync import sync_to_async
-    from redis.exceptions import ConnectionError as RedisConnectionError
-
-    from common import pipelines
-
-    r1 = await sync_to_async(register_replica)(model_version, "127.0.0.1:9001")
-    router = current_container().router
-    real_execute = pipelines.execute
-    failed = []
-
-    async def refusing(redis, build, scripts):
-        if "_lease" not in build.__qualname__:  # the snapshot's read goes through
-            return await real_execute(redis, build, scripts)
-        failed.append(1)
-        raise RedisConnectionError("Redis went away (injected)")
-
-    monkeypatch.setattr(pipelines, "execute", refusing)
-    lease = await router.acquire(model_version.pk, "least_outstanding_tokens", REQUEST)
-    assert lease.replica.replica_id == r1.pk
-    await asyncio.gather(*router._holding)  # the lease's round trip, failed
-    assert failed == [1] and router._inflight == []
-    assert lease.held_tokens == 0  # given back: its later releases send nothing
-    monkeypatch.setattr(pipelines, "execute", real_execute)
-    await lease.release()
-    counter = OutstandingTokens(current_container().redis, current_container().key_prefix)
-    assert await counter.read(model_version.pk, [r1.pk]) == {r1.pk: 0}
