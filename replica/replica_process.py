@@ -183,7 +183,8 @@ class ReplicaProcess:
         as the model answered ready was refused (CI, tests/replica/test_triton_e2e.py)."""
         process = self._require_process()
         started = self._clock()
-        pending = [f"{self.http_url}/v2/models/{self.spec.model_name}/ready", self.metrics_url]
+        pending = [("model", f"{self.http_url}/v2/models/{self.spec.model_name}/ready"),
+                   ("metrics port", self.metrics_url)]  # in the order Triton opens them
         while True:
             if process.poll() is not None:
                 self._cleanup_shm()
@@ -191,15 +192,15 @@ class ReplicaProcess:
                     f"tritonserver exited with code {process.returncode} before the model was ready\n"
                     + self.log_tail()
                 )
-            while pending and _http_ok(pending[0], self.spec.access_token):
+            while pending and _http_ok(pending[0][1], self.spec.access_token):
                 pending.pop(0)
             if not pending:
                 return self._clock() - started
             if interrupted is not None and interrupted.is_set():
                 raise LaunchError("interrupted while waiting for the model to load")
             if self._clock() - started > timeout_s:
-                waiting_for = "model" if len(pending) == 2 else "metrics port"
-                raise LaunchError(f"{waiting_for} not ready after {timeout_s:.0f} s\n" + self.log_tail())
+                raise LaunchError(f"{pending[0][0]} not ready after {timeout_s:.0f} s\n"
+                                  + self.log_tail())
             self._sleep(0.1)
 
     def poll(self) -> int | None:
