@@ -27,6 +27,9 @@ import socket
 import subprocess
 import sys
 import time
+from typing import Callable
+
+from common.parent_death import dies_with_parent
 
 BACKLOG = 1024
 APPLICATION = "llm_platform.asgi:application"
@@ -86,11 +89,18 @@ def daphne_command(fd: int, daphne_args: list[str]) -> list[str]:
     return [*server_command(), "--fd", str(fd), *daphne_args, APPLICATION]
 
 
-def start(socks: list[socket.socket], daphne_args: list[str] = (),
+def start(socks: list[socket.socket], daphne_args: list[str] = (), *,
+          command: Callable[[int, list[str]], list[str]] = daphne_command,
           **popen) -> list[subprocess.Popen]:
     """A daphne process serving on each of `socks` (`listen_each`); `popen`: more
-    subprocess.Popen arguments (env, cwd, stdout, start_new_session...)."""
-    return [subprocess.Popen(daphne_command(sock.fileno(), list(daphne_args)),
+    subprocess.Popen arguments (env, cwd, stdout, start_new_session...); `command(fd, args)`:
+    the process's command line (`daphne_command`).
+
+    Each process gets SIGTERM from the kernel when this one dies, even by SIGKILL or the OOM
+    killer (common/parent_death.py): it drains and exits instead of living on as an orphan
+    that holds the port, which a restarted supervisor could then not bind (its check that the
+    port is free fails)."""
+    return [subprocess.Popen(dies_with_parent(command(sock.fileno(), list(daphne_args))),
                              pass_fds=(sock.fileno(),), **popen)
             for sock in socks]
 

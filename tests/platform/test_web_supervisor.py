@@ -5,6 +5,7 @@ it has its SIGTERM and exits when its stdin closes: an API process still drainin
 waits on a line the processes write, never on time."""
 from __future__ import annotations
 
+import os
 import queue
 import signal
 import subprocess
@@ -95,3 +96,42 @@ def test_a_child_that_exits_stops_the_others_with_its_status():
         if supervisor.poll() is None:
             supervisor.kill()
             supervisor.wait()
+
+
+KILLED_SUPERVISOR = f"""
+import sys
+from llm_platform import web_processes
+socks = web_processes.listen_each("127.0.0.1", 0, 1)
+child_code = {CHILD!r}
+children = web_processes.start(socks, command=lambda fd, args: [sys.executable, "-c", child_code])
+print(f"supervisor: started {{children[0].pid}}", flush=True)
+sys.exit(web_processes.supervise(children, grace_s=120))
+"""
+
+
+def test_api_processes_get_sigterm_when_their_supervisor_is_killed():
+    """An API process outliving a SIGKILLed (or OOM-killed) supervisor kept serving on the
+    port, and a restarted supervisor could not bind it: the kernel now sends it SIGTERM."""
+    supervisor = subprocess.Popen([sys.executable, "-c", KILLED_SUPERVISOR], cwd=REPO,
+                                  text=True, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE)
+    out = _lines(supervisor.stdout)  # the child writes to the same pipe
+    child_pid = None
+    try:
+        started = _next(out, "the child's start")
+        assert started.startswith("supervisor: started "), started
+        child_pid = int(started.split()[-1])
+        assert _next(out, "child ready") == "child: ready\n"
+        supervisor.kill()
+        supervisor.wait(WAIT_S)
+        assert _next(out, "the orphan's SIGTERM") == "child: SIGTERM\n"
+    finally:
+        if supervisor.poll() is None:
+            supervisor.kill()
+            supervisor.wait()
+        supervisor.stdin.close()  # the stand-in then leaves (it drains until stdin closes)
+        if child_pid is not None:
+            try:
+                os.kill(child_pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
