@@ -41,7 +41,7 @@ class UsageLease:
 
     def queue_set(self, pipe) -> None:
         """The lease's SET queued on a pipeline (sent with the pending usage event)."""
-        pipe.set(self.key, b"1", px=self.ttl_ms)
+        pipe.execute_command("SET", self.key, b"1", "PX", self.ttl_ms)  # set(px=): 25 calls
 
     def keep(self) -> None:
         """Refresh the lease (already set) every third of its TTL until released: a timer,

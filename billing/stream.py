@@ -76,7 +76,7 @@ class UsageRecorder:
                 else:
                     pipe = self.client.pipeline(transaction=False)
                     lease.queue_set(pipe)
-                    pipe.xadd(self.keys.stream, {FIELD: event.to_json()})
+                    pipe.execute_command("XADD", self.keys.stream, "*", FIELD, event.to_json())
                     await pipe.execute()
                 return
             except (redis.RedisError, OSError) as exc:
@@ -98,7 +98,7 @@ class UsageRecorder:
         queued = now >= self._down_until
         if queued:
             lease.queue_set(pipe)
-            pipe.xadd(self.keys.stream, {FIELD: event.to_json()})
+            pipe.execute_command("XADD", self.keys.stream, "*", FIELD, event.to_json())
 
         async def finish(results: list) -> None:
             failure = next((r for r in results if isinstance(r, BaseException)), None)

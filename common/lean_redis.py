@@ -374,6 +374,14 @@ class LeanPipeline(Pipeline):
 
     lean: LeanPool
 
+    def execute_command(self, *args, **options):
+        """Queued at once: redis-py's goes through `pipeline_execute_command` first (WATCH,
+        and any command while watching, still go to redis-py, which runs them at once)."""
+        if self.watching or args[0] == "WATCH":
+            return super().execute_command(*args, **options)
+        self.command_stack.append((args, options))
+        return self
+
     async def execute(self, raise_on_error: bool = True) -> list[Any]:
         if self.is_transaction or self.explicit_transaction or self.watching or self.scripts:
             return await super().execute(raise_on_error)

@@ -18,8 +18,9 @@ T = TypeVar("T")
 
 
 def queue_script(pipe, script, keys: Sequence, args: Sequence) -> None:
-    """EVALSHA of a registered script (`redis.register_script`) queued on `pipe`."""
-    pipe.evalsha(script.sha, len(keys), *keys, *args)
+    """EVALSHA of a registered script (`redis.register_script`) queued on `pipe`: the raw
+    command (redis-py's `evalsha` method only builds the same arguments, in three calls)."""
+    pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
 
 
 async def execute(redis, build: Callable[[object], T], scripts: Sequence) -> tuple[list, T]:

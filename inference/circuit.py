@@ -70,7 +70,7 @@ class CircuitBreaker:
         when it runs) holds the replicas with no circuit state at all (no failure since the
         last success): a success there has nothing to reset."""
         for rid in replica_ids:
-            pipe.hmget(self.key(rid), "open_until", "failures")
+            pipe.execute_command("HMGET", self.key(rid), "open_until", "failures")
 
         def parse(rows: Iterator) -> dict[int, str]:
             now = self._now_ms()

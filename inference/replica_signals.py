@@ -118,7 +118,7 @@ class SignalStore:
     def queue_read(self, pipe, replica_ids: Sequence[int]):
         """`read` queued on `pipe`; returns the parser (it consumes its results in order)."""
         for rid in replica_ids:
-            pipe.hgetall(self.key(rid))
+            pipe.execute_command("HGETALL", self.key(rid))
 
         def parse(rows: Iterator) -> dict[int, ReplicaSignals]:
             out = {}

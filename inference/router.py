@@ -259,7 +259,7 @@ class Router:
         """Queue a snapshot's reads on `pipe`; returns the parser of their results (a list,
         in order) into (request with its sequence, candidates, circuits, clean circuits)."""
         ids = [r.replica_id for r in replicas]
-        pipe.incr(self.state.sequence_key(model_version_id))
+        pipe.execute_command("INCRBY", self.state.sequence_key(model_version_id), 1)
         self._counter.queue_read(pipe, model_version_id, ids)
         parse_signals = self.state.signals.queue_read(pipe, ids)
         parse_prefix = self.state.prefix_index.queue_match(pipe, model_version_id,

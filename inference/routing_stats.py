@@ -44,12 +44,13 @@ class RoutingStats:
     def queue_add(self, pipe, model_version_id: int, replica_id: int, policy: str,
                   **counts: int) -> None:
         """`add` queued on `pipe` (the router sends it with the lease it takes)."""
-        pipe.sadd(self.models_key(), model_version_id)
+        pipe.execute_command("SADD", self.models_key(), model_version_id)
         for name, value in counts.items():
             if name not in COUNTERS:
                 raise ValueError(f"unknown routing counter {name!r}")
             if value:
-                pipe.hincrby(self.key(model_version_id), f"{name}|{replica_id}|{policy}", value)
+                pipe.execute_command("HINCRBY", self.key(model_version_id),
+                                     f"{name}|{replica_id}|{policy}", value)
 
     async def prometheus(self, circuit: CircuitBreaker) -> str:
         samples: dict[str, list[str]] = {name: [] for name, _ in COUNTERS.values()}
