@@ -30,7 +30,15 @@ from pathlib import Path
 import httpx
 
 from benchmarks.fleet import LOGS, REPO, lift_tenant_limits, start_fleet
-from benchmarks.gateway import api_processes, cpu_seconds, timed_round, via_platform
+from benchmarks.gateway import (
+    api_processes,
+    cpu_seconds,
+    percentile,
+    timed_round,
+    via_platform,
+    via_platform_raw,
+)
+from benchmarks.raw_http import RawClient
 
 
 
@@ -60,18 +68,29 @@ def start_side(name: str, repo: Path, python: str, env: dict, database: str):
 async def run(args) -> dict:
     sides = {}
     try:
+        # As many admission slots as streams run at once (benchmarks.gateway's reason: the
+        # rest would wait for slots, and the admission queue would be what TTFT measures).
+        slots = {"ADMISSION_SLOTS_PER_REPLICA": str(args.ttft_streams)} if args.ttft_streams \
+            else {}
         sides["A"] = start_side("a", Path(args.a_repo).resolve(), args.a_python,
-                                _env(args.a_env), args.database + "_a")
-        sides["B"] = start_side("b", REPO, sys.executable, _env(args.b_env),
+                                {**slots, **_env(args.a_env)}, args.database + "_a")
+        sides["B"] = start_side("b", REPO, sys.executable, {**slots, **_env(args.b_env)},
                                 args.database + "_b")
         cpu = {name: 0.0 for name in sides}
         ratios = []
+        ttfts = {name: [] for name in sides}  # --ttft-streams: every stream's TTFT, per side
+        round_p50s = {name: [] for name in sides}
+        raws = {name: RawClient(fleet.base_url, max_connections=2 * max(1, args.ttft_streams))
+                for name, fleet in sides.items()}
         limits = httpx.Limits(max_connections=64, max_keepalive_connections=32)
         async with httpx.AsyncClient(timeout=120, limits=limits) as http:
             sem = asyncio.Semaphore(args.concurrency)
 
-            def short(fleet):
+            def short(fleet, name):
                 async def one(i):
+                    if args.ttft_streams:  # all at once, through the lean client
+                        return await via_platform_raw(raws[name], fleet, i,
+                                                      args.stream_tokens or 64)
                     async with sem:
                         if args.stream_tokens:
                             return await via_platform(http, fleet, i, args.stream_tokens)
@@ -80,24 +99,32 @@ async def run(args) -> dict:
                         return await with_system_prompt(http, fleet, i, args.system_words)
                 return one
 
-            for fleet in sides.values():  # warm-up: tokenizer, channels, caches
+            burst = args.ttft_streams or args.burst
+            for name, fleet in sides.items():  # warm-up: tokenizer, channels, caches
                 await timed_round(lambda i, f=fleet: via_platform(http, f, i, 8), 8)
-                await timed_round(short(fleet), args.burst)
+                for _ in range(3 if args.ttft_streams else 1):  # every connection opened
+                    await timed_round(short(fleet, name), burst)
             procs = {name: api_processes(fleet) for name, fleet in sides.items()}
             for round_ in range(args.rounds):
                 order = ["A", "B"] if round_ % 2 == 0 else ["B", "A"]
                 this = {}
                 for name in order:
                     before = cpu_seconds(procs[name])
-                    await timed_round(short(sides[name]), args.burst)
+                    _, samples = await timed_round(short(sides[name], name), burst)
                     this[name] = cpu_seconds(procs[name]) - before
+                    if args.ttft_streams:
+                        values = [sample.ttft_s * 1000 for sample in samples]
+                        ttfts[name] += values
+                        round_p50s[name].append(percentile(values, 50))
                     cpu[name] += this[name]
                 if this["A"] > 0:
                     ratios.append(this["B"] / this["A"])
     finally:
+        for raw in locals().get("raws", {}).values():
+            await raw.aclose()
         for fleet in sides.values():
             fleet.stop()
-    requests = args.rounds * args.burst
+    requests = args.rounds * (args.ttft_streams or args.burst)
     if args.stream_tokens:
         for name in ("A", "B"):
             print(f"{name}: cpu_us_per_token "
@@ -114,6 +141,13 @@ async def run(args) -> dict:
         "system_words": args.system_words,
         "load_average": [round(x, 2) for x in os.getloadavg()],
     }
+    if args.ttft_streams:
+        result["ttft_streams"] = args.ttft_streams
+        for name in ("A", "B"):
+            result[name.lower()]["ttft_p50_ms"] = round(percentile(ttfts[name], 50), 2)
+            result[name.lower()]["ttft_p90_ms"] = round(percentile(ttfts[name], 90), 2)
+        result["b_minus_a_ttft_p50_ms_median_of_rounds"] = round(statistics.median(
+            b - a for a, b in zip(round_p50s["A"], round_p50s["B"])), 2)
     return result
 
 
@@ -130,6 +164,11 @@ def main() -> None:
                         help="a system prompt of this many words before each short request")
     parser.add_argument("--stream-tokens", type=int, default=0,
                         help="stream this many tokens per request (0: short non-streaming)")
+    parser.add_argument("--ttft-streams", type=int, default=0,
+                        help="each round: this many streams at once per side (of "
+                             "--stream-tokens tokens, 64 if 0), through benchmarks.gateway's "
+                             "lean client; prints each side's TTFT p50/p90 and the median of "
+                             "the rounds' B-A difference of p50 (0: short requests)")
     parser.add_argument("--database", default="llm_platform_bench_ab",
                         help="prefix of the two sides' databases (_a, _b)")
     parser.add_argument("--out", default=None)
