@@ -23,6 +23,19 @@ def queue_script(pipe, script, keys: Sequence, args: Sequence) -> None:
     pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
 
 
+async def run_script(script, keys: Sequence, args: Sequence):
+    """`script(keys=keys, args=args)` for a registered script (`redis.register_script`) on the
+    client it was registered with, without redis-py's per-call import and client checks:
+    EVALSHA, and on NOSCRIPT (Redis restarted or flushed its scripts) the script loaded and
+    run again, as redis-py's `Script` does."""
+    client = script.registered_client
+    try:
+        return await client.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
+    except NoScriptError:
+        script.sha = await client.script_load(script.script)
+        return await client.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
+
+
 async def execute(redis, build: Callable[[object], T], scripts: Sequence) -> tuple[list, T]:
     """Run the commands `build(pipe)` queues on a fresh pipeline of `redis` in one round trip;
     returns (the results, what `build` returned). `scripts`: those `build` may queue with

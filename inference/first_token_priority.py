@@ -25,8 +25,6 @@ One per event loop (the container's); `defer_s` 0 turns it off. Setting: API_REL
 from __future__ import annotations
 
 import asyncio
-from contextlib import contextmanager
-from typing import Iterator
 
 
 class FirstTokenPriority:
@@ -40,16 +38,17 @@ class FirstTokenPriority:
     def pending_count(self) -> int:
         return self._pending
 
-    @contextmanager
-    def pending(self) -> Iterator[None]:
-        """A request before its first token (the block's extent)."""
+    def pending(self) -> "_Pending":
+        """A request before its first token (the `with` block's extent)."""
+        return _Pending(self)
+
+    def _enter(self) -> None:
         self._pending += 1
-        try:
-            yield
-        finally:
-            self._pending -= 1
-            if not self._pending:
-                self._release()
+
+    def _exit(self) -> None:
+        self._pending -= 1
+        if not self._pending:
+            self._release()
 
     async def quiet(self) -> None:
         """Returns at once when no request is pending (or the priority is off); else when none
@@ -69,3 +68,19 @@ class FirstTokenPriority:
         if self._flush_timer is not None:
             self._flush_timer.cancel()
             self._flush_timer = None
+
+
+class _Pending:
+    """`FirstTokenPriority.pending()`: a class, not a generator context manager (one per
+    request, on its way to the first token)."""
+
+    __slots__ = ("_priority",)
+
+    def __init__(self, priority: FirstTokenPriority):
+        self._priority = priority
+
+    def __enter__(self) -> None:
+        self._priority._enter()
+
+    def __exit__(self, *exc) -> None:
+        self._priority._exit()

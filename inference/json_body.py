@@ -17,12 +17,15 @@ import json
 import math
 import re
 
+import orjson
+
 from inference.errors import InvalidRequest, PayloadTooLarge
 
 MAX_DEPTH = 32
 MAX_INT_DIGITS = 100  # far above any parameter's range, so those say which one is out of range
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
+_LONG_NUMBER = re.compile(rb"[0-9]{19}")
 
 
 def _invalid(message: str) -> InvalidRequest:
@@ -70,9 +73,42 @@ def _check_tree(value: object) -> None:
                 stack.extend((child, depth + 1) for child in item)
 
 
+def _nests_within(value: object, max_depth: int) -> bool:
+    """Whether no array or object in `value` nests deeper than `max_depth` (iteratively)."""
+    if type(value) is not dict and type(value) is not list:
+        return True
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > max_depth:
+            return False
+        for child in (item.values() if type(item) is dict else item):
+            if type(child) is dict or type(child) is list:
+                stack.append((child, depth + 1))
+    return True
+
+
 def decode_json(raw: bytes, max_bytes: int) -> object:
     if len(raw) > max_bytes:
         raise PayloadTooLarge(f"The request body exceeds {max_bytes} bytes.")
+    # The fast path: orjson holds the invariants itself (strict UTF-8, no surrogate, finite
+    # numbers, its refusals) but reads an integer outside 64 bits as a float: a body with 19
+    # or more digits in a row takes the thorough path, as does any body orjson refuses (which
+    # says what is wrong) or that nests too deep.
+    if _LONG_NUMBER.search(raw) is None:
+        try:
+            value = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            pass
+        else:
+            if _nests_within(value, MAX_DEPTH):
+                return value
+    return decode_thoroughly(raw)
+
+
+def decode_thoroughly(raw: bytes) -> object:
+    """The standard library's parser with every invariant checked as it goes: what the fast
+    path returns for a body it takes, and the precise refusal of any other."""
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:

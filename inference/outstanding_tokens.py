@@ -7,7 +7,7 @@ import time
 from typing import Callable
 
 from common import redis_keys
-from common.pipelines import queue_script
+from common.pipelines import queue_script, run_script
 
 
 # KEYS: counts (hash replica -> tokens), lease expiries (zset lease -> ms), lease holdings
@@ -131,7 +131,7 @@ class OutstandingTokens:
         """Give back `num_tokens` of the lease (never more than it holds); `end`: the lease
         ends (give back all it holds)."""
         now = self._now_ms()
-        await self._adjust(keys=self.keys(model_version_id), args=[
+        await run_script(self._adjust, self.keys(model_version_id), [
             now, lease_id, str(replica_id), -abs(num_tokens), 0 if end else now + self._ttl_ms])
 
     def queue_end(self, batch, model_version_id: int, lease_id: str, replica_id: int,

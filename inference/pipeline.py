@@ -137,8 +137,8 @@ class Preparation:
             raise NotFound(f"The model '{request.model}' does not exist or you do not have "
                            "access to it.", param="model")
         choice, prompt = await self._versions.choose(
-            stable, principal.tenant_id, sticky_key(request, conversation_id, idempotency_key),
-            request)
+            stable, principal.tenant_id,
+            lambda: sticky_key(request, conversation_id, idempotency_key), request)
         target = choice.target
         max_tokens = max_tokens_for(request, len(prompt.token_ids), target.context_length)
         limits = await self._limits.get(principal.tenant_id)

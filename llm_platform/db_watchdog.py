@@ -14,7 +14,6 @@ shutdown hold one lock), so a descriptor reused after the query ended is never t
 """
 from __future__ import annotations
 
-import contextlib
 import itertools
 import logging
 import socket
@@ -27,14 +26,20 @@ logger = logging.getLogger(__name__)
 _timeout: ContextVar[float | None] = ContextVar("db_query_timeout", default=None)
 
 
-@contextlib.contextmanager
-def query_timeout(seconds: float | None):
-    """Bound the queries run in this context (asgiref carries it into sync_to_async threads)."""
-    token = _timeout.set(seconds)
-    try:
-        yield
-    finally:
-        _timeout.reset(token)
+class query_timeout:  # noqa: N801 - used as a function: `with query_timeout(s):`
+    """Bound the queries run in this context (asgiref carries it into sync_to_async threads).
+    A class, not a generator context manager: every API request enters one."""
+
+    __slots__ = ("_seconds", "_token")
+
+    def __init__(self, seconds: float | None):
+        self._seconds = seconds
+
+    def __enter__(self) -> None:
+        self._token = _timeout.set(self._seconds)
+
+    def __exit__(self, *exc) -> None:
+        _timeout.reset(self._token)
 
 
 class QueryWatchdog:

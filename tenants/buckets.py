@@ -18,6 +18,7 @@ from typing import Callable
 
 from tenants.selectors import Limits
 from common import redis_keys
+from common.pipelines import run_script
 
 # KEYS: requests bucket, tokens bucket.
 # ARGV: now_ms, req_per_min, req_burst, tok_per_min, tok_burst, num_tokens, ttl_ms.
@@ -177,8 +178,8 @@ class TokenBuckets:
         if count is not None:
             keys.append(count.key)
             args += [count.limit, max(1, count.window_left_ms)]
-        admitted, wait_ms, req_level, tok_level, window_retry_ms = await self._check(
-            keys=keys, args=args)
+        admitted, wait_ms, req_level, tok_level, window_retry_ms = await run_script(
+            self._check, keys, args)
         return BucketState(limits, bool(int(admitted)), int(wait_ms), float(req_level),
                            float(tok_level), int(window_retry_ms))
 

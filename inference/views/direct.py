@@ -50,7 +50,6 @@ from inference.db_connection import release_db_connection
 from inference.observability import request_ids
 from inference.observability.middleware import begin_request, record_response
 from inference.views.generation import (
-    SseResponse,
     chat_completions_view,
     completions_view,
     generate_view,
@@ -66,9 +65,11 @@ ROUTES = {  # path -> (view, the route's label in the HTTP metrics, as Django's 
 
 
 class DirectRequest:
-    """What the generation views read of a request."""
+    """What the generation views read of a request (`lean_replies`: a successful reply comes
+    as a `LeanReply`, not a Django response)."""
 
     __slots__ = ("method", "path", "headers", "body")
+    lean_replies = True
 
     def __init__(self, method: str, path: str, headers: "Headers", body: bytes):
         self.method = method
@@ -175,13 +176,12 @@ class DirectGeneration:
         collector = idle_gc.current()  # its collection waits for a moment with none in flight
         if collector is not None:
             collector.begin()
+        response = None
+        answered = 0.0  # when the view answered: the metric's time to the reply's headers
         try:
             request_id = await begin_request(headers.get(request_ids.HEADER))
             response = await view(request)
-            record_response(label, "POST", response, time.perf_counter() - started)
-            if response.status_code >= 400:  # Django's handler logs a refusal so
-                log_response("%s: %s", response.reason_phrase, request.path,
-                             response=response, request=request)
+            answered = time.perf_counter()
             head = [(name.encode("latin1"), value.encode("latin1"))
                     for name, value in response.items()]
             head.append((request_ids.HEADER.encode("latin1"), request_id.encode("latin1")))
@@ -190,15 +190,20 @@ class DirectGeneration:
                 head.append((b"Strict-Transport-Security", self._hsts))
             if not response.has_header("X-Frame-Options"):
                 head.append(self._frame_options)
+            # The reply's metric and log line are written once its first bytes are out: not
+            # on the way of a stream's first token.
             if response.streaming:
                 await send({"type": "http.response.start", "status": response.status_code,
                             "headers": head})
-                content = response.chunks if isinstance(response, SseResponse) else aiter(
-                    response)
-                async with aclosing(content) as chunks:
+                content = getattr(response, "chunks", None)
+                async with aclosing(content if content is not None
+                                    else aiter(response)) as chunks:
                     async for chunk in chunks:
                         await send({"type": "http.response.body", "body": chunk,
                                     "more_body": True})
+                        if answered:
+                            self._record(label, request, response, answered - started)
+                            answered = 0.0
                 await send({"type": "http.response.body"})
             else:
                 content = response.content
@@ -212,10 +217,20 @@ class DirectGeneration:
                 raise  # the server's own cancellation (shutdown): not ours to swallow
             task.uncancel()  # the client left: the request ended with it
         finally:
+            if answered:  # not recorded yet: a whole reply, or a stream that ended before
+                self._record(label, request, response, answered - started)
             listener.cancel()
             if collector is not None:
                 collector.end()
             await release_db_connection()  # Django's request_finished: the connection, if any
+
+    @staticmethod
+    def _record(label: str, request: DirectRequest, response, elapsed_s: float) -> None:
+        """The reply's HTTP metrics, and Django's handler's log line for a refusal."""
+        record_response(label, "POST", response, elapsed_s)
+        if response.status_code >= 400:
+            log_response("%s: %s", response.reason_phrase, request.path,
+                         response=response, request=request)
 
 
 async def _read_body(receive, max_bytes: int) -> bytes | None:

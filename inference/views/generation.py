@@ -39,6 +39,7 @@ async def _serve(request, kind: EndpointKind):
                             read_body=lambda: request.body)
     deadline = request_deadline()  # the final answer comes by then (REQUEST_DEADLINE_SECONDS)
     first_tokens = container.first_tokens
+    lean = getattr(request, "lean_replies", False)  # the direct path: LeanReply
     # Until its first token (a stream) or its reply, the request goes before streams' relays
     # (inference/first_token_priority.py).
     with first_tokens.pending():
@@ -46,7 +47,8 @@ async def _serve(request, kind: EndpointKind):
             outcome = await container.preparation.prepare(kind, submission)
         quota_headers = outcome.quota_headers
         try:
-            response = await _reply(container.generation, outcome, kind, deadline, first_tokens)
+            response = await _reply(container.generation, outcome, kind, deadline, first_tokens,
+                                    lean)
         except ApiError as exc:
             exc.headers = {**quota_headers, **exc.headers}
             raise
@@ -55,16 +57,51 @@ async def _serve(request, kind: EndpointKind):
     return response
 
 
-async def _reply(generation, outcome, kind: EndpointKind, deadline: float, first_tokens):
+async def _reply(generation, outcome, kind: EndpointKind, deadline: float, first_tokens,
+                 lean: bool = False):
     fmt = kind.response_format
     if not outcome.request.stream:
         result = await complete(generation, outcome, deadline)
-        return HttpResponse(orjson.dumps(fmt.complete(result)), content_type="application/json")
+        body = orjson.dumps(fmt.complete(result))
+        if lean:
+            return LeanReply("application/json", content=body)
+        return HttpResponse(body, content_type="application/json")
     frames = await open_frames(generation, outcome, fmt, deadline, first_tokens)
-    response = SseResponse(sse_bytes(fmt, frames))
+    if lean:
+        response = LeanReply("text/event-stream", chunks=sse_bytes(fmt, frames))
+    else:
+        response = SseResponse(sse_bytes(fmt, frames))
     response["Cache-Control"] = "no-cache"
     response["X-Accel-Buffering"] = "no"
     return response
+
+
+class LeanReply:
+    """A generation reply for the direct path (inference/views/direct.py), with what that path
+    reads of a Django response: the status, the headers as set (in order, the names as
+    written, looked up in any case), and the body or the SSE chunks. Building Django's
+    response (its header map with charset checks, cookies) and reading its headers back cost
+    about as much as the first token's frame, on that token's way out; Django's own handler
+    still gets Django responses (`_reply` without `lean`). Header values are the platform's own
+    (numbers, fixed words), never a client's."""
+
+    __slots__ = ("content", "chunks", "streaming", "_headers")
+    status_code = 200
+
+    def __init__(self, content_type: str, *, content: bytes = b"", chunks=None):
+        self.content = content
+        self.chunks = chunks
+        self.streaming = chunks is not None
+        self._headers = {"content-type": ("Content-Type", content_type)}
+
+    def __setitem__(self, name: str, value: str) -> None:
+        self._headers[name.lower()] = (name, value)
+
+    def has_header(self, name: str) -> bool:
+        return name.lower() in self._headers
+
+    def items(self):
+        return self._headers.values()
 
 
 class SseResponse(StreamingHttpResponse):
