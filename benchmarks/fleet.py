@@ -158,6 +158,20 @@ def start_fleet(replica: str = "smollm2", database: str = "llm_platform_bench",
     return fleet
 
 
+def start_floor_front_door(fleet: Fleet, *, repo: Path = REPO,
+                           python: str = sys.executable) -> str:
+    """benchmarks/floor_front_door.py against the fleet's first replica, its Redis and its API
+    key (stopped with the fleet); returns its base URL."""
+    port = free_port()
+    proc = _start("floor-front-door", [
+        "-m", "benchmarks.floor_front_door", "--port", str(port), "--grpc", fleet.grpc_address,
+        "--redis", fleet.env["REDIS_URL"], "--key", fleet.api_key, "--weights", SMOLLM2],
+        fleet.env, repo=repo, python=python)
+    fleet.procs.append(proc)
+    _wait_port(port, proc, 120)
+    return f"http://127.0.0.1:{port}"
+
+
 UNLIMITED = ("from tenants.models import Tenant; "
               "Tenant.objects.update(requests_per_minute=10**8, tokens_per_minute=10**9, "
               "request_burst=10**8, token_burst=10**9)")

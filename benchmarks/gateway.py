@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import httpx
 import psutil
 
-from benchmarks.fleet import SMOLLM2, lift_tenant_limits, start_fleet
+from benchmarks.fleet import SMOLLM2, lift_tenant_limits, start_fleet, start_floor_front_door
 from benchmarks.raw_http import RawClient
 from inference.replica_client import ReplicaRequest
 from inference.tokenization import load_weights_tokenizer
@@ -203,15 +203,21 @@ async def run(args, replica: str) -> dict:
             plat_call = platform_caller(args.client, raw, http, fleet)
             plat = lambda i, n=args.max_tokens: plat_call(i, n)  # noqa: E731
             dire = lambda i, n=args.max_tokens: direct(triton, fleet, prompts, i, n)  # noqa: E731
-            await timed_round(lambda i: plat(i, 8), 4)  # warm-up: tokenizer, channels, caches
-            await timed_round(lambda i: dire(i, 8), 4)
+            sides = [("direct", dire), ("platform", plat)]
+            if args.floor:  # the featureless front door, side by side (benchmarks/floor_...)
+                floor = RawClient(start_floor_front_door(fleet),
+                                  max_connections=args.streams * 2)
+                sides.append(
+                    ("floor", lambda i, n=args.max_tokens: via_platform_raw(floor, fleet, i, n)))
+            for _, make in sides:  # warm-up: tokenizer, channels, caches
+                await timed_round(lambda i: make(i, 8), 4)
             api = api_processes(fleet)
             me = [psutil.Process()]
             stream_cpu_s = 0.0
-            client_cpu_s = {"platform": 0.0, "direct": 0.0}
-            totals = {"platform": [0.0, 0, []], "direct": [0.0, 0, []]}
+            client_cpu_s = {name: 0.0 for name, _ in sides}
+            totals = {name: [0.0, 0, []] for name, _ in sides}
             for _ in range(rounds):
-                for name, make in (("direct", dire), ("platform", plat)):
+                for name, make in sides:
                     cpu_before, client_before = cpu_seconds(api), cpu_seconds(me)
                     wall, samples = await timed_round(make, args.streams)
                     client_cpu_s[name] += cpu_seconds(me) - client_before
@@ -234,10 +240,20 @@ async def run(args, replica: str) -> dict:
             short_direct, _ = await timed_round(lambda i: bounded(lambda j: dire(j, 1), i), short)
             await triton.close()
             await raw.aclose()
+            if args.floor:
+                await floor.aclose()
     finally:
         fleet.stop()
     tps = {name: tokens / wall for name, (wall, tokens, _) in totals.items()}
     ttft = {name: values for name, (_, _, values) in totals.items()}
+    floor = {} if not args.floor else {
+        "floor_tokens_per_s": round(tps["floor"], 2),
+        "floor_ttft_p50_ms": round(percentile(ttft["floor"], 50) * 1000, 2),
+        "floor_added_ttft_p50_ms": round((percentile(ttft["floor"], 50)
+                                          - percentile(ttft["direct"], 50)) * 1000, 2),
+        "floor_added_ttft_p99_ms": round((percentile(ttft["floor"], 99)
+                                          - percentile(ttft["direct"], 99)) * 1000, 2),
+    }
     return {
         "replica": replica,
         "streams": args.streams,
@@ -259,6 +275,7 @@ async def run(args, replica: str) -> dict:
                                     - percentile(ttft["direct"], 50)) * 1000, 2),
         "added_ttft_p99_ms": round((percentile(ttft["platform"], 99)
                                     - percentile(ttft["direct"], 99)) * 1000, 2),
+        **floor,
         "nonstream_short_requests": short,
         "nonstream_requests_per_s": round(short / short_plat, 2),
         "direct_short_requests_per_s": round(short / short_direct, 2),
@@ -267,7 +284,7 @@ async def run(args, replica: str) -> dict:
         # The benchmark's own CPU per token it read, each side (its client shares the CPUs).
         "client_cpu_us_per_token": {
             name: round(client_cpu_s[name] * 1e6 / max(1, totals[name][1]), 1)
-            for name in ("platform", "direct")},
+            for name in client_cpu_s},
         "targets": {"relay_efficiency": ">= 0.9", "added_ttft_p50_ms": "<= 10",
                     "nonstream_requests_per_s": ">= 400", "cpu_ms_per_request": "<= 1.5"},
     }
@@ -295,12 +312,17 @@ def main() -> None:
                              "before frontdoor9 used)")
     parser.add_argument("--direct-channels", action="store_true",
                         help="the direct side reads on channels too (replica/backend/channel.py)")
+    parser.add_argument("--floor", action="store_true",
+                        help="a third side in the same rounds: benchmarks/floor_front_door.py, "
+                             "the least a Python front door does (no quota, admission, routing, "
+                             "usage or metrics): floor_ttft_p50_ms and floor_added_ttft_p50_ms")
     parser.add_argument("--smoke", action="store_true",
                         help="a tiny run (seconds) that only proves the benchmark still works")
     args = parser.parse_args()
     if args.smoke:  # the zero-cost fake replica only, a handful of requests
         args.replica, args.streams, args.rounds, args.max_tokens = "fake", 2, 1, 4
         args.short_requests, args.short_concurrency = 4, 2
+        args.floor = True
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "llm_platform.settings")
     os.environ.setdefault("SECRET_KEY", secrets.token_urlsafe(48))  # DEBUG is off: one per run
     # The real replica is the headline; on a small CPU its own queueing (seconds of TTFT) hides

@@ -32,6 +32,8 @@ FRAMEWORK_NAMES = ",".join([
     "on_message_complete",
     # Twisted's IReactorFDSet, called by its transports (tests/platform/test_lean_http_writes.py)
     "addReader", "removeReader", "addWriter", "removeWriter",
+    # asyncio's Protocol interface (benchmarks/floor_front_door.py)
+    "connection_made", "data_received",
 ])
 FRAMEWORK_DECORATORS = ",".join(["@admin.*", "@shared_task", "@pytest.*", "@*.register",
                                  "@receiver", "@*.setter", "@*.connect"])

@@ -54,6 +54,8 @@ def test_gateway_smoke(tmp_path):
     # tokens counted from its done event (2 streams of 4 tokens).
     assert fake["client"] == "raw" and fake["platform_tokens_per_s"] > 0
     assert fake["nonstream_requests_per_s"] > 0
+    # The featureless front door ran beside it, through the same client, on the same replica.
+    assert fake["floor_tokens_per_s"] > 0 and fake["floor_ttft_p50_ms"] > 0
 
 
 def test_tensor_parallel_smoke(tmp_path):
