@@ -57,6 +57,7 @@ from inference.views.generation import (
 from llm_platform import idle_gc
 from llm_platform.asgi_handler import only_djangos
 
+_HOSTS_REMEMBERED = 256  # distinct Host headers whose check is kept (then forgotten at once)
 ROUTES = {  # path -> (view, the route's label in the HTTP metrics, as Django's resolver names it)
     "/v1/generate": (generate_view, "/v1/generate"),
     "/v1/chat/completions": (chat_completions_view, "/v1/chat/completions"),
@@ -125,6 +126,7 @@ class DirectGeneration:
         self._proxy_ssl = None if not proxy else (
             proxy[0].removeprefix("HTTP_").replace("_", "-").lower().encode("latin1"), proxy[1])
         self._allowed_hosts = list(settings.ALLOWED_HOSTS)
+        self._hosts: dict[str, bool] = {}  # Host header -> allowed (ALLOWED_HOSTS is fixed)
         if settings.DEBUG and not self._allowed_hosts:  # as HttpRequest.get_host
             self._allowed_hosts = [".localhost", "127.0.0.1", "[::1]"]
         self._djangos_only = not (settings.SECURE_SSL_REDIRECT or settings.PREPEND_WWW
@@ -152,8 +154,14 @@ class DirectGeneration:
         host = headers.get("host")
         if host is None:  # HTTP/1.0 without one: Django works out the server's name
             return False
-        domain, _port = split_domain_port(host)
-        return bool(domain) and validate_host(domain, self._allowed_hosts)
+        allowed = self._hosts.get(host)
+        if allowed is None:  # a few distinct hosts in practice: each checked once
+            domain, _port = split_domain_port(host)
+            allowed = bool(domain) and validate_host(domain, self._allowed_hosts)
+            if len(self._hosts) >= _HOSTS_REMEMBERED:
+                self._hosts.clear()
+            self._hosts[host] = allowed
+        return allowed
 
     def _secure(self, headers: Headers, scope) -> bool:
         if self._proxy_ssl is not None:
@@ -171,8 +179,15 @@ class DirectGeneration:
         secure = self._secure(headers, scope)
         request = DirectRequest("POST", scope["path"], headers, body)
         task = asyncio.current_task()
-        gone = asyncio.Event()
-        listener = asyncio.get_running_loop().create_task(_disconnect(receive, task, gone))
+        gone = _Gone()
+        # A client that disconnects cancels the request: told by lean_http's exchange itself
+        # (`watch_gone`), else by a task waiting in `receive` for `http.disconnect`.
+        watch_gone = getattr(getattr(receive, "__self__", None), "watch_gone", None)
+        listener = None
+        if watch_gone is not None:
+            watch_gone(lambda: _cancel(task, gone))
+        else:
+            listener = asyncio.get_running_loop().create_task(_disconnect(receive, task, gone))
         collector = idle_gc.current()  # its collection waits for a moment with none in flight
         if collector is not None:
             collector.begin()
@@ -219,7 +234,10 @@ class DirectGeneration:
         finally:
             if answered:  # not recorded yet: a whole reply, or a stream that ended before
                 self._record(label, request, response, answered - started)
-            listener.cancel()
+            if listener is not None:
+                listener.cancel()
+            else:
+                watch_gone(None)
             if collector is not None:
                 collector.end()
             await release_db_connection()  # Django's request_finished: the connection, if any
@@ -251,9 +269,29 @@ async def _read_body(receive, max_bytes: int) -> bytes | None:
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
-async def _disconnect(receive, task: asyncio.Task, gone: asyncio.Event) -> None:
-    """Cancels the request's task when its client disconnects (what it holds is released)."""
+class _Gone:
+    """Whether the request's client disconnected (its task's cancellation is then ours)."""
+
+    __slots__ = ("_set",)
+
+    def __init__(self):
+        self._set = False
+
+    def set(self) -> None:
+        self._set = True
+
+    def is_set(self) -> bool:
+        return self._set
+
+
+def _cancel(task: asyncio.Task, gone: _Gone) -> None:
+    """The client disconnected: its request's task is cancelled (what it holds is released)."""
+    gone.set()
+    task.cancel()
+
+
+async def _disconnect(receive, task: asyncio.Task, gone: _Gone) -> None:
+    """Waits in `receive` for `http.disconnect` (an ASGI server other than lean_http)."""
     message = await receive()
     if message["type"] == "http.disconnect":
-        gone.set()
-        task.cancel()
+        _cancel(task, gone)

@@ -129,8 +129,7 @@ class LeanHTTPProtocol(protocol.Protocol):
         self._closing = True
         for exchange in (self.active, *self.queued):
             if exchange is not None and not exchange.gone:
-                exchange.gone = True
-                exchange.wake()
+                exchange.close()
                 details = self.server.connections.get(exchange)
                 if details is not None:
                     details.setdefault("disconnected", time.time())

@@ -33,7 +33,7 @@ class Exchange:
     __slots__ = ("conn", "scope", "method", "keep_alive", "started_at", "_body",
                  "_body_bytes", "body_complete", "_final_given", "_waiter", "_expect_continue",
                  "status", "headers", "head_sent", "chunked", "_has_body", "finished", "gone",
-                 "sent_bytes")
+                 "sent_bytes", "_on_gone")
 
     def __init__(self, conn: LeanHTTPProtocol, scope: dict, keep_alive: bool,
                  expect_continue: bool):
@@ -56,6 +56,23 @@ class Exchange:
         self.finished = False  # the whole reply was written (or the exchange was given up)
         self.gone = False  # the connection closed
         self.sent_bytes = 0  # body bytes written (the access log's size)
+        self._on_gone = None  # `watch_gone`'s callback
+
+    def watch_gone(self, callback) -> None:
+        """`callback()` once the connection closes before the reply's end (None: no more):
+        what a task waiting in `receive` for `http.disconnect` learns, without the task."""
+        self._on_gone = callback
+
+    def close(self) -> None:
+        """The connection closed: a `receive` waiting returns `http.disconnect`, and the
+        `watch_gone` callback runs."""
+        if self.gone:
+            return
+        self.gone = True
+        self.wake()
+        callback, self._on_gone = self._on_gone, None
+        if callback is not None and not self.finished:
+            callback()
 
     # -- from the parser -------------------------------------------------------------------
 

@@ -67,3 +67,29 @@ def test_status_lines_and_chunks():
     assert chunk(b"hello") == b"5\r\nhello\r\n"
     assert chunk(b"", last=True) == b"0\r\n\r\n"
     assert chunk(b"ab", last=True) == b"2\r\nab\r\n0\r\n\r\n"
+
+
+def test_an_exchange_tells_its_watcher_once_when_its_connection_closes():
+    """`watch_gone`: the direct path learns of a disconnect without a task waiting in
+    `receive` (inference/views/direct.py); not after the reply's end, not once unwatched."""
+    from llm_platform.lean_http.exchange import Exchange
+
+    def exchange() -> Exchange:
+        return Exchange(conn=None, scope={"method": "POST"}, keep_alive=True,
+                        expect_continue=False)
+
+    told: list[str] = []
+    watched = exchange()
+    watched.watch_gone(lambda: told.append("gone"))
+    watched.close()
+    watched.close()
+    assert told == ["gone"] and watched.gone
+    unwatched = exchange()
+    unwatched.watch_gone(lambda: told.append("unwatched"))
+    unwatched.watch_gone(None)
+    unwatched.close()
+    finished = exchange()
+    finished.watch_gone(lambda: told.append("finished"))
+    finished.finished = True
+    finished.close()
+    assert told == ["gone"] and unwatched.gone and finished.gone
