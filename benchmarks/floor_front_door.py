@@ -30,6 +30,7 @@ from common.lean_redis import LeanRedis
 from inference.replica_client import ReplicaRequest
 from inference.tokenization import load_weights_tokenizer
 from inference.triton_client import TritonReplicaClient
+from llm_platform.lean_http.reply import chunk as chunked
 
 _COUNT = "redis.call('INCRBY', KEYS[1], ARGV[1]) return 1"
 _SSE_HEAD = (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
@@ -108,13 +109,13 @@ class Connection(asyncio.Protocol):
                 pieces.append(chunk.text)
                 if stream:
                     event = b"event: token\ndata: " + orjson.dumps({"text": chunk.text}) + b"\n\n"
-                    write(b"%x\r\n%s\r\n" % (len(event), event))
+                    write(chunked(event))
             if chunk.final:
                 output_tokens = chunk.num_output_tokens
         done = orjson.dumps({"text": "".join(pieces), "usage": {"output_tokens": output_tokens}})
         if stream:
             event = b"event: done\ndata: " + done + b"\n\n"
-            write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(event), event))
+            write(chunked(event, last=True))
         else:
             write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
                   b"Content-Length: %d\r\n\r\n%s" % (len(done), done))

@@ -67,6 +67,7 @@ def start_side(name: str, repo: Path, python: str, env: dict, database: str):
 
 async def run(args) -> dict:
     sides = {}
+    raws: dict[str, RawClient] = {}
     try:
         # As many admission slots as streams run at once (benchmarks.gateway's reason: the
         # rest would wait for slots, and the admission queue would be what TTFT measures).
@@ -80,8 +81,9 @@ async def run(args) -> dict:
         ratios = []
         ttfts = {name: [] for name in sides}  # --ttft-streams: every stream's TTFT, per side
         round_p50s = {name: [] for name in sides}
-        raws = {name: RawClient(fleet.base_url, max_connections=2 * max(1, args.ttft_streams))
-                for name, fleet in sides.items()}
+        raws.update((name, RawClient(fleet.base_url,
+                                     max_connections=2 * max(1, args.ttft_streams)))
+                    for name, fleet in sides.items())
         limits = httpx.Limits(max_connections=64, max_keepalive_connections=32)
         async with httpx.AsyncClient(timeout=120, limits=limits) as http:
             sem = asyncio.Semaphore(args.concurrency)
@@ -120,7 +122,7 @@ async def run(args) -> dict:
                 if this["A"] > 0:
                     ratios.append(this["B"] / this["A"])
     finally:
-        for raw in locals().get("raws", {}).values():
+        for raw in raws.values():
             await raw.aclose()
         for fleet in sides.values():
             fleet.stop()

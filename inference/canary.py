@@ -105,18 +105,17 @@ class VersionChooser:
         self._num_ready = num_ready  # ready replicas of a model version (the router's view)
         self._prompts = prompts
 
-    async def choose(self, stable: ServingVersion, tenant_id: int,
-                     key: str | Callable[[], str],
+    async def choose(self, stable: ServingVersion, tenant_id: int, key: Callable[[], str],
                      request: GenerationRequest) -> tuple[VersionChoice, Prompt]:
         """The live rollout's split, and the prompt as the chosen version encodes it. A canary
         without a ready replica, or whose tokenizer cannot load, sends the request to stable at
-        once (counted: `unavailable`, `failed`). `key`: the request's sticky key, or what makes
-        it (made only while a rollout is live: most requests need none)."""
+        once (counted: `unavailable`, `failed`). `key()` makes the request's sticky key, called
+        only while a rollout is live (most requests need none)."""
         rollout = await self._rollouts.get(stable.model_name)
         if rollout is None:
             choice = VersionChoice(stable, None, None)
         else:
-            choice = choose_version(stable, rollout, tenant_id, key() if callable(key) else key)
+            choice = choose_version(stable, rollout, tenant_id, key())
         if choice.fallback is not None and await self._num_ready(
                 choice.target.model_version_id) == 0:
             await self._record(choice.rollout_id, UNAVAILABLE)

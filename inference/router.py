@@ -241,7 +241,7 @@ class Router:
         self.state = state
         self._poller = poller
         self._inflight: list[_Inflight] = []
-        self._policies: dict[str, RoutingPolicy] = {}
+        self._policies: dict[Callable, RoutingPolicy] = {}  # by factory (POLICIES' values)
         self._epoch = 0
         self._deciding: list[int] = []  # the epoch each running decision started at
 
@@ -249,15 +249,15 @@ class Router:
         return len(await self._directory.ready(model_version_id))
 
     def policy(self, name: str) -> RoutingPolicy:
-        """The policy `name` (made once per router: policies keep no state of a request)."""
-        policy = self._policies.get(name)
-        if policy is not None and POLICIES.get(name) is type(policy):
-            return policy
+        """The policy `name`, made once per router and factory (policies keep no state of a
+        request)."""
         factory = POLICIES.get(name)
         if factory is None:  # the admin validates names; an old row may still hold another
             logger.warning("unknown routing policy %r: using %s", name, DEFAULT_POLICY)
-            return POLICIES[DEFAULT_POLICY](self._rng)
-        policy = self._policies[name] = factory(self._rng)
+            factory = POLICIES[DEFAULT_POLICY]
+        policy = self._policies.get(factory)
+        if policy is None:
+            policy = self._policies[factory] = factory(self._rng)
         return policy
 
     def _queue_snapshot(self, pipe, model_version_id: int, replicas: list[ReplicaInfo],

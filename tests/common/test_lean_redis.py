@@ -313,3 +313,28 @@ async def test_a_push_message_on_the_connection_is_not_taken_for_a_reply():
         await plain.delete(key)
         await lean.aclose()
         await plain.aclose()
+
+
+async def test_run_script_goes_over_the_lean_pool_and_loads_the_script_on_noscript(monkeypatch):
+    """common.pipelines.run_script: the EVALSHA a registered script's call sends, on the lean
+    pool; a Redis without the script (a fresh cache) gets it loaded, then the call again."""
+    from common.pipelines import run_script
+
+    server = PrivateRedis().start()  # a fresh script cache: the first EVALSHA gets NOSCRIPT
+    lean = client(server.url)
+    sent = []
+    real_send = LeanConnection.send
+    monkeypatch.setattr(LeanConnection, "send",
+                        lambda self, packed: sent.append(packed) or real_send(self, packed))
+    try:
+        add = lean.register_script("return tonumber(ARGV[1]) + #KEYS")
+        assert await run_script(add, ["k1", "k2"], [40]) == 42
+        assert await run_script(add, [], [1]) == 1
+        assert [p.split(b"\r\n")[2] for p in sent] == [b"HELLO", b"EVALSHA", b"EVALSHA",
+                                                       b"EVALSHA"]  # NOSCRIPT, then ran
+        boom = lean.register_script("return redis.error_reply('boom')")
+        with pytest.raises(ResponseError, match="boom"):
+            await run_script(boom, [], [])
+    finally:
+        await lean.aclose()
+        server.stop()

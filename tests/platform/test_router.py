@@ -215,3 +215,21 @@ async def test_a_prefetched_snapshot_spares_the_decision_its_read(model_version)
         await lease.release()
     counter = OutstandingTokens(current_container().redis, current_container().key_prefix)
     assert await counter.read(model_version.pk, sorted(ids)) == {rid: 0 for rid in ids}
+
+
+def test_a_router_makes_each_policy_once_and_follows_a_replaced_factory(monkeypatch):
+    """Policies keep no state of a request: one per router and factory (not one per request);
+    an unknown name gets the default's; a factory replaced in POLICIES is used from then on."""
+    from inference import router as router_module
+
+    router = router_module.Router(None, None, random.Random(0), None)
+    balanced = router.policy("balanced")
+    assert router.policy("balanced") is balanced
+    assert router.policy("no-such-policy") is balanced  # the default, logged
+    assert isinstance(router.policy("round_robin"), router_module.POLICIES["round_robin"])
+
+    class Replacement(LeastOutstandingTokens):
+        pass
+
+    monkeypatch.setitem(router_module.POLICIES, "balanced", Replacement)
+    assert isinstance(router.policy("balanced"), Replacement)
