@@ -26,17 +26,18 @@ from common.pipelines import run_script
 # numbers returned to Redis are truncated to integers).
 _REFILL = """
 local function refill(key, now, per_min, burst)
-  local level = tonumber(redis.call('HGET', key, 'level'))
-  local ts = tonumber(redis.call('HGET', key, 'ts'))
-  if level == nil then return burst, now end
+  local stored = redis.call('HMGET', key, 'level', 'ts')
+  local level, ts = tonumber(stored[1]), tonumber(stored[2])
+  if level == nil or ts == nil then return burst, now end
   if now > ts then
     level = math.min(burst, level + (now - ts) * per_min / 60000.0)
     ts = now
   end
   return level, ts
 end
+-- `level` as the string it is stored and returned as (string.format once per bucket).
 local function store(key, level, ts, ttl)
-  redis.call('HSET', key, 'level', string.format('%.17g', level), 'ts', string.format('%d', ts))
+  redis.call('HSET', key, 'level', level, 'ts', string.format('%d', ts))
   redis.call('PEXPIRE', key, ttl)
 end
 """
@@ -59,11 +60,11 @@ if KEYS[3] then
   end
 end
 if req >= 1 and tok >= cost then
-  req = req - 1
-  tok = tok - cost
-  store(KEYS[1], req, req_ts, ttl)
-  store(KEYS[2], tok, tok_ts, ttl)
-  return {1, 0, string.format('%.17g', req), string.format('%.17g', tok), -1}
+  local req_s = string.format('%.17g', req - 1)
+  local tok_s = string.format('%.17g', tok - cost)
+  store(KEYS[1], req_s, req_ts, ttl)
+  store(KEYS[2], tok_s, tok_ts, ttl)
+  return {1, 0, req_s, tok_s, -1}
 end
 local wait = 0
 if req < 1 then wait = math.max(wait, (1 - req) * 60000.0 / req_per_min) end
@@ -77,9 +78,9 @@ CORRECT_SCRIPT = _REFILL + """
 local now, per_min, burst = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local delta, ttl = tonumber(ARGV[4]), tonumber(ARGV[5])
 local level, ts = refill(KEYS[1], now, per_min, burst)
-level = math.min(burst, level - delta)
+level = string.format('%.17g', math.min(burst, level - delta))
 store(KEYS[1], level, ts, ttl)
-return string.format('%.17g', level)
+return level
 """
 
 
