@@ -11,7 +11,8 @@ alternates every round), and the API processes' CPU time (user + system) is adde
 over `--rounds` rounds; the noise then falls on both sides alike. `--system-words N` puts a
 long system prompt (one of 12) before each request. `--stream-tokens N`: each request of a
 burst streams N tokens instead (SSE, as `benchmarks.gateway`'s streaming rounds), which weighs
-the per-token path (`cpu_us_per_token` is printed as well). Prints each side's
+the per-token path (`cpu_us_per_token` is printed as well). `--a-api-processes N` /
+`--b-api-processes N`: that side's API as N daphne processes on its port (default 1). Prints each side's
 `cpu_ms_per_request` (all rounds), the median of the rounds' B/A ratios, and the load average.
 The benchmark tenants' request and token limits are lifted (bursts add up past the tier's).
 Measurement only: the numbers of record come from `benchmarks.gateway`.
@@ -58,9 +59,10 @@ def _env(pairs: list[str]) -> dict:
     return dict(pair.split("=", 1) for pair in pairs)
 
 
-def start_side(name: str, repo: Path, python: str, env: dict, database: str):
+def start_side(name: str, repo: Path, python: str, env: dict, database: str,
+               processes: int = 1):
     fleet = start_fleet("fake", database=database, repo=repo, python=python, extra_env=env,
-                        logs=LOGS / f"ab-{name}")
+                        logs=LOGS / f"ab-{name}", api_processes=processes)
     lift_tenant_limits(fleet, repo=repo, python=python)
     return fleet
 
@@ -74,9 +76,10 @@ async def run(args) -> dict:
         slots = {"ADMISSION_SLOTS_PER_REPLICA": str(args.ttft_streams)} if args.ttft_streams \
             else {}
         sides["A"] = start_side("a", Path(args.a_repo).resolve(), args.a_python,
-                                {**slots, **_env(args.a_env)}, args.database + "_a")
+                                {**slots, **_env(args.a_env)}, args.database + "_a",
+                                args.a_api_processes)
         sides["B"] = start_side("b", REPO, sys.executable, {**slots, **_env(args.b_env)},
-                                args.database + "_b")
+                                args.database + "_b", args.b_api_processes)
         cpu = {name: 0.0 for name in sides}
         ratios = []
         ttfts = {name: [] for name in sides}  # --ttft-streams: every stream's TTFT, per side
@@ -133,9 +136,11 @@ async def run(args) -> dict:
                   f"{cpu[name] * 1e6 / (requests * args.stream_tokens):.1f}")
     result = {
         "a": {"repo": str(args.a_repo), "python": args.a_python, "env": _env(args.a_env),
-              "cpu_ms_per_request": round(cpu["A"] * 1000 / requests, 3)},
+              "cpu_ms_per_request": round(cpu["A"] * 1000 / requests, 3),
+              "api_processes": args.a_api_processes},
         "b": {"repo": str(REPO), "python": sys.executable, "env": _env(args.b_env),
-              "cpu_ms_per_request": round(cpu["B"] * 1000 / requests, 3)},
+              "cpu_ms_per_request": round(cpu["B"] * 1000 / requests, 3),
+              "api_processes": args.b_api_processes},
         "b_over_a": round(cpu["B"] / cpu["A"], 3) if cpu["A"] else None,
         "stream_tokens": args.stream_tokens,
         "b_over_a_median_of_rounds": round(statistics.median(ratios), 3) if ratios else None,
@@ -159,6 +164,9 @@ def main() -> None:
     parser.add_argument("--a-python", default=sys.executable, help="side A's interpreter")
     parser.add_argument("--a-env", nargs="*", default=[], metavar="NAME=VALUE")
     parser.add_argument("--b-env", nargs="*", default=[], metavar="NAME=VALUE")
+    parser.add_argument("--a-api-processes", type=int, default=1,
+                        help="side A's daphne processes on its port (default 1)")
+    parser.add_argument("--b-api-processes", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--burst", type=int, default=100)
     parser.add_argument("--concurrency", type=int, default=16)
