@@ -12,8 +12,9 @@ over `--rounds` rounds; the noise then falls on both sides alike. `--system-word
 long system prompt (one of 12) before each request. `--stream-tokens N`: each request of a
 burst streams N tokens instead (SSE, as `benchmarks.gateway`'s streaming rounds), which weighs
 the per-token path (`cpu_us_per_token` is printed as well). `--a-api-processes N` /
-`--b-api-processes N`: that side's API as N daphne processes on its port (default 1). Prints each side's
-`cpu_ms_per_request` (all rounds), the median of the rounds' B/A ratios, and the load average.
+`--b-api-processes N`: that side's API as N daphne processes on its port (default 1). Prints
+each side's `cpu_ms_per_request` (all rounds), the median of the rounds' B/A ratios, and the
+load average.
 The benchmark tenants' request and token limits are lifted (bursts add up past the tier's).
 Measurement only: the numbers of record come from `benchmarks.gateway`.
 """
@@ -166,7 +167,8 @@ def main() -> None:
     parser.add_argument("--b-env", nargs="*", default=[], metavar="NAME=VALUE")
     parser.add_argument("--a-api-processes", type=int, default=1,
                         help="side A's daphne processes on its port (default 1)")
-    parser.add_argument("--b-api-processes", type=int, default=1)
+    parser.add_argument("--b-api-processes", type=int, default=1,
+                        help="side B's daphne processes on its port (default 1)")
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--burst", type=int, default=100)
     parser.add_argument("--concurrency", type=int, default=16)

@@ -196,7 +196,7 @@ if redis.call('HLEN', K_WAIT) == 0 and redis.call('ZCARD', K_RUN) < tonumber(ARG
   -- version's capacity: the pump would admit this request alone, at once. It takes its slot
   -- without the pump's scan of every running and waiting ticket (the common case; 77 us of
   -- Redis per entry with 32 running, round frontdoor14): catch_up then take_slot with a wait
-  -- of 0 ms (histogram bucket 1), in one read and one write of the virtual times.
+  -- of 0 ms, in one read and one write of the virtual times.
   local vts = redis.call('HMGET', K_VT, tenant, '__clock')
   local served, clock = tonumber(vts[1] or '0'), tonumber(vts[2] or '0')
   redis.call('ZADD', K_RUN, NOW + SLOT_TTL, ticket)
@@ -205,7 +205,7 @@ if redis.call('HLEN', K_WAIT) == 0 and redis.call('ZCARD', K_RUN) < tonumber(ARG
   else
     redis.call('HSET', K_VT, tenant, served + tonumber(ARGV[7]), '__clock', served)
   end
-  redis.call('HINCRBY', K_HIST, 'b1', 1)
+  redis.call('HINCRBY', K_HIST, 'b%(zero_wait_bucket)d', 1)
   redis.call('HINCRBY', K_HIST, 'count', 1)
   return 1
 end
@@ -363,7 +363,11 @@ class AdmissionQueue:
         self._fallback_poll_s = fallback_poll_s
         common = _COMMON % {"buckets": ", ".join(map(str, WAIT_BUCKETS_MS)),
                             "pick": policy.pick_lua}
-        self._enter = redis.register_script(_HEAD + _ENTER_DIRECT + common + _ENTER)
+        # record_wait(0)'s histogram bucket, for the entry's common case
+        direct = _ENTER_DIRECT % {"zero_wait_bucket": next(
+            (i for i, bound in enumerate(WAIT_BUCKETS_MS, 1) if bound >= 0),
+            len(WAIT_BUCKETS_MS) + 1)}
+        self._enter = redis.register_script(_HEAD + direct + common + _ENTER)
         self._poll = redis.register_script(_HEAD + common + _POLL)
         self._leave = redis.register_script(_HEAD + common + _LEAVE)
         self.wakeups = WakeUps(redis, redis_keys.admission_wake_channel(key_prefix))

@@ -397,11 +397,14 @@ async def test_an_entry_admitted_without_the_pump_keeps_the_pumps_books(redis):
     without the pump's scan of every ticket. Its books (virtual time and clock, the entry
     counters, the wait histogram) are those the pump keeps for the same admission: the same
     sequence of entries on two queues, one where the last entry goes through the pump (every
-    slot of the model is taken, though version 1 has a free one), one where it does not."""
+    slot of the model is taken, though version 1 has a free one), one where it does not. The
+    earlier entries find their tenant at or behind the virtual clock; the last one finds B
+    ahead of it (served 11, clock 0), so the clock moves."""
     async def books(capacity_v1: int) -> tuple:
         queue = make_queue(redis)
-        earlier = await queue.admit("m", 1, waiter("A", cost=30), capacity=5)
-        await earlier.release()
+        for tenant, cost in (("A", 30), ("B", 11)):
+            earlier = await queue.admit("m", 1, waiter(tenant, cost=cost), capacity=5)
+            await earlier.release()
         other = await queue.admit("m", 2, waiter("C", cost=7), capacity=5)  # a canary's slot
         slot = await queue.admit("m", 1, waiter("B", cost=11), capacity=capacity_v1)
         assert not slot.queued
@@ -416,6 +419,8 @@ async def test_an_entry_admitted_without_the_pump_keeps_the_pumps_books(redis):
     direct = await books(capacity_v1=2)
     assert direct == through_pump
     vtime, stats, running = direct
-    assert (vtime[b"A"], vtime[b"B"], vtime[b"C"]) == (b"30", b"11", b"7")
-    assert stats[b"seq"] == b"3" and stats[b"seq:1"] == b"2" and stats[b"count"] == b"3"
+    assert (vtime[b"A"], vtime[b"B"], vtime[b"C"], vtime[b"__clock"]) == \
+        (b"30", b"22", b"7", b"11")
+    assert stats[b"seq"] == b"4" and stats[b"seq:1"] == b"3" and stats[b"count"] == b"4"
+    assert stats[b"b1"] == b"4" and b"sum_ms" not in stats  # four waits of 0 ms
     assert running == ["B", "C"]
