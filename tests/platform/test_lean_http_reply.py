@@ -93,3 +93,37 @@ def test_an_exchange_tells_its_watcher_once_when_its_connection_closes():
     finished.finished = True
     finished.close()
     assert told == ["gone"] and unwatched.gone and finished.gone
+
+
+def test_the_joined_lines_path_gives_the_header_by_header_bytes():
+    """reply_head's fast path (the lines checked joined) against its header by header path,
+    on heads either may take: the same bytes, chunking and keep-alive."""
+    from llm_platform.lean_http import reply
+
+    stream = [(b"Content-Type", b"text/event-stream"), (b"Cache-Control", b"no-cache"),
+              (b"x-ratelimit-reset-tokens", b"0.6s"), (b"X-Request-ID", b"req_1"),
+              (b"X-Frame-Options", b"DENY"), (b"Location", b"http://a:80/x")]
+    cases = [stream, [], [(b"x-server", b"date: 1")], [(b"a", b"b")] * 3,
+             [(b"Content-Length", b"3")], [(b"CONNECTION", b"Close")], [(b"x", b"1\r\n2")],
+             [(b"x:y", b"1")], [(b"x\n", b"1")], [(b"Server", b"me")], [(b"DATE", b"d")],
+             [(b"Transfer-Encoding", b"chunked")], [[b"as", b"list"]]]
+    for headers in cases:
+        for options in ({}, {"length": 7}, {"http_1_1": False}, {"keep_alive": False}):
+            fast = head(headers=headers, **options)
+            parts = [status_line(200)]
+            has_length, has_server, has_date, chunked_by_app, keep_alive = reply._each_header(
+                headers, parts, options.get("keep_alive", True))
+            slow_flags = (has_length, has_server, has_date, chunked_by_app)
+            if reply._plain_lines(headers) is not None:
+                assert slow_flags == (False,) * 4  # the fast path is for heads acting on none
+                assert b"".join(parts[1:]) == reply._plain_lines(headers)
+            assert fast.data.startswith(b"".join(parts)), (headers, options)
+    assert reply._plain_lines(stream) is not None  # the stream's own head takes the fast path
+    for unplain in cases[4:12]:
+        assert reply._plain_lines(unplain) is None, unplain
+
+
+def test_headers_may_come_as_an_iterator():
+    done = reply_head(200, iter([(b"content-type", b"text/plain")]), length=0, http_1_1=True,
+                      keep_alive=True, server=SERVER, date=DATE)
+    assert lines(done.data)[1] == b"content-type: text/plain"
