@@ -259,9 +259,16 @@ def encode_sse(fmt: ResponseFormat, frames: Frames) -> bytes:
     return b"".join(parts)
 
 
+class LastChunk(bytes):
+    """A stream's last chunk (`sse_bytes`'s `data: [DONE]`): the server may write the end of
+    the body with it, one send instead of two (inference/views/direct.py)."""
+
+    __slots__ = ()
+
+
 async def sse_bytes(fmt: ResponseFormat, frames: AsyncIterator[Frames]) -> AsyncIterator[bytes]:
     async with aclosing(frames):
         async for frame_set in frames:
             yield encode_sse(fmt, frame_set)
-    if fmt.done_sentinel is not None:
-        yield f"data: {fmt.done_sentinel}\n\n".encode("ascii")
+    if fmt.done_sentinel is not None:  # after the generation's own end (usage, buckets)
+        yield LastChunk(f"data: {fmt.done_sentinel}\n\n".encode("ascii"))

@@ -49,6 +49,7 @@ from django.utils.log import log_response
 from inference.db_connection import release_db_connection
 from inference.observability import request_ids
 from inference.observability.middleware import begin_request, record_response
+from inference.relay import LastChunk
 from inference.views.generation import (
     chat_completions_view,
     completions_view,
@@ -211,15 +212,18 @@ class DirectGeneration:
                 await send({"type": "http.response.start", "status": response.status_code,
                             "headers": head})
                 content = getattr(response, "chunks", None)
+                ended = False  # by a LastChunk: the body's end went out with it
                 async with aclosing(content if content is not None
                                     else aiter(response)) as chunks:
                     async for chunk in chunks:
+                        ended = type(chunk) is LastChunk
                         await send({"type": "http.response.body", "body": chunk,
-                                    "more_body": True})
+                                    "more_body": not ended})
                         if answered:
                             self._record(label, request, response, answered - started)
                             answered = 0.0
-                await send({"type": "http.response.body"})
+                if not ended:
+                    await send({"type": "http.response.body"})
             else:
                 content = response.content
                 if not response.has_header("Content-Length"):

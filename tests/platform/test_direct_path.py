@@ -194,6 +194,25 @@ async def test_direct_path_serves_the_request_itself_and_records_its_metrics(aut
     assert served == []  # every other path is Django's
 
 
+async def test_a_chat_streams_done_ends_the_body_in_the_same_message(auth, ready_replica):
+    """`data: [DONE]` (a LastChunk) goes out with the body's end: one write on the lean
+    server, not two; a native stream (no sentinel) ends with an empty message after its
+    last event, as before. Either way the usage is recorded before the body ends."""
+    direct, _ = apps()
+    headers = {"content-type": "application/json", **auth}
+    chat = await Exchange("POST", "/v1/chat/completions", headers, json.dumps(
+        {**BODY, "stream": True}).encode()).run(direct)
+    bodies = [m for m in chat.sent if m["type"] == "http.response.body"]
+    assert bodies[-1] == {"type": "http.response.body", "body": b"data: [DONE]\n\n",
+                          "more_body": False}
+    assert all(m["more_body"] for m in bodies[:-1]) and len(bodies) >= 2
+    native = await Exchange("POST", "/v1/generate", headers, json.dumps(
+        {**BODY, "stream": True}).encode()).run(direct)
+    bodies = [m for m in native.sent if m["type"] == "http.response.body"]
+    assert bodies[-1] == {"type": "http.response.body"} and bodies[-2]["body"]
+    assert all(m["more_body"] for m in bodies[:-1])
+
+
 async def test_a_client_that_disconnects_mid_stream_cancels_its_request(auth, ready_replica,
                                                                         fake_replica):
     direct, _ = apps()
