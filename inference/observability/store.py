@@ -22,9 +22,14 @@ _MAX_FIELDS = 100_000  # a safety bound (dropped all at once when reached)
 
 
 def _labels_field(family: Family, labels: dict[str, object]) -> str:
-    if labels.keys() != set(family.labels):
-        raise ValueError(f"{family.name}: labels {sorted(labels)} != {sorted(family.labels)}")
-    values = tuple(str(labels[name]) for name in family.labels)
+    names = family.labels
+    # The family's names all there and no other (its names are distinct): no set made a call.
+    try:
+        values = tuple([str(labels[name]) for name in names])
+    except KeyError:
+        values = None
+    if values is None or len(labels) != len(names):
+        raise ValueError(f"{family.name}: labels {sorted(labels)} != {sorted(names)}")
     key = (family.name, values)
     field_name = _FIELDS.get(key)
     if field_name is None:  # the JSON encoding of each label set once per process
