@@ -174,6 +174,25 @@ async def test_signal_poller_shares_fresh_signals_once_per_tick(redis, fake_repl
         await second.stop()
 
 
+@pytest.mark.asyncio
+async def test_signals_read_again_are_parsed_again_only_when_they_changed(redis):
+    """Every routing snapshot reads the replicas' signals: a row read as it was last time
+    gives that parse (the same frozen object); a changed row, a new one; a gone row, none."""
+    store = SignalStore(redis, PREFIX, ttl_s=30)
+    await store.write(7, ReplicaSignals(running_seqs=1, kv_free_blocks=10))
+    await store.write(8, ReplicaSignals(waiting_seqs=2))
+    first = await store.read([7, 8])
+    again = await store.read([7, 8])
+    assert again[7] is first[7] and again[8] is first[8]
+    assert first[7] == ReplicaSignals(running_seqs=1, kv_free_blocks=10)
+    await store.write(7, ReplicaSignals(running_seqs=2, kv_free_blocks=10))
+    changed = await store.read([7, 8])
+    assert changed[7] == ReplicaSignals(running_seqs=2, kv_free_blocks=10)
+    assert changed[8] is first[8]
+    await redis.delete(store.key(7))
+    assert (await store.read([7, 8])).keys() == {8}
+
+
 pytestmark_db = pytest.mark.django_db(transaction=True)
 
 REQUEST = RouteRequest(tenant_id=1, num_prompt_tokens=100, max_tokens=20,
