@@ -206,8 +206,9 @@ class DirectGeneration:
                 head.append((b"Strict-Transport-Security", self._hsts))
             if not response.has_header("X-Frame-Options"):
                 head.append(self._frame_options)
-            # The reply's metric and log line are written once its first bytes are out: not
-            # on the way of a stream's first token.
+            # The reply's metric and log line are written once its first bytes are out, at
+            # the end of the loop's turn: not on the way of this stream's first token, nor of
+            # the others whose first tokens are ready in the same turn.
             if response.streaming:
                 await send({"type": "http.response.start", "status": response.status_code,
                             "headers": head})
@@ -219,8 +220,9 @@ class DirectGeneration:
                         ended = type(chunk) is LastChunk
                         await send({"type": "http.response.body", "body": chunk,
                                     "more_body": not ended})
-                        if answered:
-                            self._record(label, request, response, answered - started)
+                        if answered:  # after the first tokens ready now are out, too
+                            asyncio.get_running_loop().call_soon(
+                                self._record, label, request, response, answered - started)
                             answered = 0.0
                 if not ended:
                     await send({"type": "http.response.body"})

@@ -190,6 +190,15 @@ async def test_direct_path_serves_the_request_itself_and_records_its_metrics(aut
     assert reply.headers["content-length"] == str(len(reply.body))
     assert served == [("/v1/generate", "POST", 200)]  # not Django's handler
     served.clear()
+    # A stream's is recorded once, on the loop's turn after its first bytes left.
+    stream = Exchange("POST", "/v1/generate", headers={**headers, "x-request-id": "direct-2"},
+                      body=json.dumps({**BODY, "stream": True}).encode())
+    running = asyncio.ensure_future(stream.run(direct))
+    await stream.first_body.wait()
+    assert served == []
+    await running
+    assert served == [("/v1/generate", "POST", 200)]
+    served.clear()
     await Exchange("GET", "/v1/models", auth, b"").run(direct)
     assert served == []  # every other path is Django's
 
