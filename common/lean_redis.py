@@ -392,20 +392,30 @@ class LeanPipeline(Pipeline):
             replies = await self.lean.execute([args for args, _ in stack])
             callbacks = self.response_callbacks
             response = []
+            errors = False
             for (args, options), reply in zip(stack, replies):
                 if isinstance(reply, ResponseError):
-                    response.append(options[EMPTY_RESPONSE] if EMPTY_RESPONSE in options
-                                    else reply)
+                    if EMPTY_RESPONSE in options:
+                        response.append(options[EMPTY_RESPONSE])
+                    else:
+                        response.append(reply)
+                        errors = True
                     continue
                 reply = _parsed(callbacks, args, options, reply)
                 if not _plain(reply):
                     reply = await reply
                 response.append(reply)
-            if raise_on_error:
+            if raise_on_error and errors:
                 self.raise_first_error(stack, response)
             return response
         finally:
-            await self.reset()
+            # redis-py's reset, without its coroutine where it has nothing to undo: this
+            # pipeline never watched nor held a connection of redis-py's pool.
+            if self.watching or self.connection is not None:
+                await self.reset()
+            else:
+                self.command_stack = []
+                self.explicit_transaction = False
 
 
 class LeanRedis(aioredis.Redis):

@@ -90,6 +90,13 @@ async def test_a_plain_pipeline_gives_what_redis_py_gives():
         pipe.hincrby(key, "a", 1)
         with pytest.raises(ResponseError, match="Command # 2"):
             await pipe.execute()
+        # Emptied after each execute, failed or not: the same pipeline sends only what was
+        # queued since.
+        assert pipe.command_stack == []
+        pipe.get(key)
+        assert await pipe.execute() == [b"v"]
+        pipe.exists(key)
+        assert await pipe.execute() == [1] and pipe.command_stack == []
         await plain.delete(key)
         # Transactions and pipelines holding redis-py Scripts are redis-py's own.
         assert not isinstance(lean.pipeline(), LeanPipeline)
