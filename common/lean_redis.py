@@ -410,7 +410,8 @@ class LeanPipeline(Pipeline):
             return response
         finally:
             # redis-py's reset, without its coroutine where it has nothing to undo: this
-            # pipeline never watched nor held a connection of redis-py's pool.
+            # pipeline never watched nor held a connection of redis-py's pool, and its
+            # `scripts` is empty (a pipeline holding Scripts is redis-py's, above).
             if self.watching or self.connection is not None:
                 await self.reset()
             else:

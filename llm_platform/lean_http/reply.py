@@ -54,8 +54,8 @@ class Head(NamedTuple):
 
 def reply_head(status: int, headers, *, length: int | None, http_1_1: bool, keep_alive: bool,
                server: bytes, date: bytes) -> Head:
-    """The head of a reply. `headers`: the application's, (bytes, bytes) pairs (TypeError
-    otherwise), CR and LF replaced so that no header can split the reply; `length`: a whole
+    """The head of a reply. `headers`: the application's, pairs of bytes (or bytes-like
+    objects: a bytearray is taken as its bytes; a str or a number is a TypeError), CR and LF replaced so that no header can split the reply; `length`: a whole
     reply's body size (None: a stream, chunked on HTTP/1.1, else ended by closing the
     connection); `keep_alive`: what the request allows (a `connection: close` of the app's
     turns it off); `server`, `date`: header lines added when the app sent none.
