@@ -42,8 +42,6 @@ from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Callable
 
-from django.conf import settings
-
 from billing.leases import UsageLease
 from billing.models import UsageRecord
 from billing.services import UsageEvent, queue_pending_usage, record_usage
@@ -75,6 +73,7 @@ from inference.request import Delta, Done, PreparedRequest, Result
 from inference.request_metering import (Attempt, Ending, Tokens, computed_tokens, end_request,
                                         pending_event)
 from inference.router import Lease, NoReplicaReady, Prefetch, RouteRequest, Router
+from llm_platform.hot_settings import settings
 from models_registry.selectors import can_cold_start
 from tenants.buckets import TokenBuckets
 

@@ -20,10 +20,9 @@ import zlib
 from dataclasses import dataclass
 from typing import Callable
 
-from django.conf import settings
-
 from common import redis_keys
 from inference.errors import RateLimited
+from llm_platform.hot_settings import settings
 from tenants.buckets import WindowCount
 
 _RATE = re.compile(r"^\s*(\d+)\s*/\s*(\d*)\s*([smhd])\s*$")

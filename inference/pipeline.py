@@ -19,8 +19,6 @@ import logging
 from dataclasses import dataclass
 from typing import Callable
 
-from django.conf import settings
-
 from inference.canary import VersionChooser, sticky_key
 from inference.endpoints import EndpointKind
 from inference.errors import ApiError, NotFound, PayloadTooLarge, RateLimited, Unauthorized
@@ -33,6 +31,7 @@ from inference.quota import admit, current_headers
 from inference.request import PreparedRequest, Replayed
 from inference.router import ServingCatalog
 from inference.schemas import parse_request
+from llm_platform.hot_settings import settings
 from llm_platform.logging import bind_request_context
 from tenants.auth import AuthenticationFailed, KeyAuthenticator, Principal, bearer_token
 from tenants.buckets import TokenBuckets

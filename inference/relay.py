@@ -28,13 +28,13 @@ from contextlib import aclosing
 from typing import AsyncIterator
 
 import orjson
-from django.conf import settings
 
 from inference.faults import as_api_error, deadline_exceeded
 from inference.formats.base import Event, ResponseFormat, StreamMeta, replay_events
 from inference.generation import Generation
 from inference.first_token_priority import FirstTokenPriority
 from inference.request import Delta, Done, PreparedRequest, Replayed, Result
+from llm_platform.hot_settings import settings
 
 logger = logging.getLogger(__name__)
 

@@ -12,13 +12,13 @@ import logging
 import time
 
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction
-from django.conf import settings
 
 from inference.container import current_container
 from inference.observability import families as f
 from inference.observability import request_ids
 from inference.observability.buffer import current_buffer
 from inference.observability.store import Batch
+from llm_platform.hot_settings import settings
 from llm_platform.logging import bind_request_context, clear_request_context
 
 logger = logging.getLogger(__name__)

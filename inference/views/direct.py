@@ -41,7 +41,6 @@ import time
 from contextlib import aclosing
 
 from asgiref.sync import ThreadSensitiveContext
-from django.conf import settings
 from django.core import signals
 from django.http.request import split_domain_port, validate_host
 from django.utils.log import log_response
@@ -57,6 +56,7 @@ from inference.views.generation import (
 )
 from llm_platform import idle_gc
 from llm_platform.asgi_handler import only_djangos
+from llm_platform.hot_settings import settings
 
 _HOSTS_REMEMBERED = 256  # distinct Host headers whose check is kept (then forgotten at once)
 ROUTES = {  # path -> (view, the route's label in the HTTP metrics, as Django's resolver names it)
