@@ -4,13 +4,13 @@ from __future__ import annotations
 import functools
 import logging
 
-from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
 from django.views.decorators.csrf import csrf_exempt
 
 from inference.errors import ApiError, MethodNotAllowed, NotFound, PayloadTooLarge
 from inference.faults import as_api_error
 from llm_platform.db_watchdog import query_timeout
+from llm_platform.hot_settings import settings
 
 logger = logging.getLogger(__name__)
 
