@@ -12,7 +12,12 @@ redis-py's own methods, so the commands, their arguments (encoded by the pool's 
 the reply callbacks are redis-py's, and sent by a `LeanPool`: one connection per client (per
 event loop), on which every batch submitted while the loop runs one iteration goes out in one
 write and the replies, in the same order, come back to one reader task (auto-pipelining, as
-ioredis and others do). What holds as with redis-py's pool (llm_platform/redis_clients.py):
+ioredis and others do). With `flush_batches` > 0, each `flush_batches` batches queued in one
+iteration are written at once instead of at its end, so that Redis runs the first ones while
+the loop is still making the rest (a burst's requests reach the same round trip together, and
+the loop would otherwise wait for Redis to run all of them; REDIS_LEAN_FLUSH_BATCHES, round
+frontdoor22 in benchmarks/README.md). What holds as with redis-py's pool
+(llm_platform/redis_clients.py):
 
 - an error reply of one command is that command's result (a `ResponseError`, `NoScriptError`
   for NOSCRIPT, parsed as redis-py parses it), raised first with `raise_on_error`; a single
@@ -158,7 +163,8 @@ class LeanPool:
 
     def __init__(self, *, host: str, port: int, db: int, username: str | None,
                  password: str | None, protocol: int, client_name: str | None,
-                 connect_timeout: float | None, socket_timeout: float | None, encoder):
+                 connect_timeout: float | None, socket_timeout: float | None, encoder,
+                 flush_batches: int = 0):
         self._host, self._port, self._db = host, port, db
         self._username, self._password = username, password
         self._protocol, self._client_name = protocol, client_name
@@ -170,6 +176,7 @@ class LeanPool:
         self._connecting: asyncio.Task | None = None
         self._queued: list[_Batch] = []
         self._flush_scheduled = False
+        self._flush_batches = max(0, flush_batches)  # 0: one write per loop iteration
         # The socket timeout: one timer for the pool, armed at the oldest unanswered batch's
         # deadline (batches come in deadline order), instead of an asyncio.timeout (a Timeout,
         # a TimerHandle, a heap push and a cancel) around every round trip.
@@ -209,8 +216,11 @@ class LeanPool:
     async def _round_trip(self, packed: bytes, count: int) -> list:
         loop = asyncio.get_running_loop()
         batch = _Batch(packed, count, loop.create_future())
-        self._queued.append(batch)
-        if not self._flush_scheduled:
+        queued = self._queued
+        queued.append(batch)
+        if len(queued) == self._flush_batches and self._write_queued():
+            pass  # a group written: what comes later in this iteration, at its end
+        elif not self._flush_scheduled:
             self._flush_scheduled = True
             loop.call_soon(self._flush)
         if self._socket_timeout is not None:
@@ -249,18 +259,24 @@ class LeanPool:
 
     def _flush(self) -> None:
         self._flush_scheduled = False
-        if not self._queued:
+        if not self._queued or self._write_queued():
             return
+        self._connection = None
+        if self._connecting is None:
+            self._connecting = asyncio.get_running_loop().create_task(self._open())
+        # written once connected
+
+    def _write_queued(self) -> bool:
+        """Write every queued batch whose caller still waits; False (nothing written) without
+        a live connection."""
         connection = self._connection
         if connection is None or connection.broken is not None:
-            self._connection = None
-            if self._connecting is None:
-                self._connecting = asyncio.get_running_loop().create_task(self._open())
-            return  # written once connected
+            return False
         batches = [b for b in self._queued if not b.future.done()]
         self._queued = []
         if batches:
             connection.write(batches)
+        return True
 
     async def _open(self) -> None:
         try:
@@ -426,7 +442,7 @@ class LeanRedis(aioredis.Redis):
     lean: LeanPool | None = None
 
     @classmethod
-    def on_pool(cls, pool: aioredis.ConnectionPool) -> "LeanRedis":
+    def on_pool(cls, pool: aioredis.ConnectionPool, flush_batches: int = 0) -> "LeanRedis":
         client = cls.from_pool(pool)
         kwargs = pool.connection_kwargs
         encoder = pool.get_encoder()
@@ -438,7 +454,8 @@ class LeanRedis(aioredis.Redis):
                 protocol=int(kwargs.get("protocol") or DEFAULT_RESP_VERSION),
                 client_name=kwargs.get("client_name"),
                 connect_timeout=kwargs.get("socket_connect_timeout"),
-                socket_timeout=kwargs.get("socket_timeout"), encoder=encoder)
+                socket_timeout=kwargs.get("socket_timeout"), encoder=encoder,
+                flush_batches=flush_batches)
         return client
 
     async def execute_command(self, *args, **options):

@@ -15,7 +15,8 @@
   admission, lease and end round trips) and EVALSHA calls (the token buckets) go over one
   auto-pipelined connection of its own (common/lean_redis.py: the same commands, replies and
   errors, a fraction of redis-py's CPU per round trip) with the same timeouts and retry;
-  REDIS_LEAN_PIPELINES=0 sends them through redis-py.
+  REDIS_LEAN_PIPELINES=0 sends them through redis-py. A loop iteration's batches go out in
+  groups of REDIS_LEAN_FLUSH_BATCHES as they are queued (the rest at its end).
 """
 from __future__ import annotations
 
@@ -62,7 +63,7 @@ def async_redis(url: str | None = None, max_connections: int | None = None) -> a
         retry=Retry(NoBackoff(), 1, supported_errors=(redis.ConnectionError,)),
         **connection_options())
     if settings.REDIS_LEAN_PIPELINES:
-        return LeanRedis.on_pool(pool)
+        return LeanRedis.on_pool(pool, settings.REDIS_LEAN_FLUSH_BATCHES)
     return aioredis.Redis.from_pool(pool)
 
 

@@ -153,6 +153,10 @@ REDIS_POOL_TIMEOUT_SECONDS = env_float("REDIS_POOL_TIMEOUT_SECONDS", 2.0)
 # The asyncio clients' plain pipelines over a lean connection pool of their own
 # (common/lean_redis.py); 0: through redis-py's pool like every other command.
 REDIS_LEAN_PIPELINES = env_bool("REDIS_LEAN_PIPELINES", True)
+# On that connection, every this many batches queued in one loop iteration are written at once
+# instead of at the iteration's end, so Redis starts on a burst's first requests while the
+# loop makes the rest's (0: one write per iteration; round frontdoor22, benchmarks/README.md).
+REDIS_LEAN_FLUSH_BATCHES = env_int("REDIS_LEAN_FLUSH_BATCHES", 16)
 # Retry-After (seconds) with the 503 when Redis or PostgreSQL fails a request.
 DEPENDENCY_RETRY_AFTER_SECONDS = env_int("DEPENDENCY_RETRY_AFTER_SECONDS", 1)
 # Every platform key in Redis starts with this, so several deployments (or test runs) can

@@ -23,11 +23,11 @@ from tests.support.private_redis import PrivateRedis
 pytestmark = pytest.mark.asyncio
 
 
-def client(url: str, socket_timeout: float = 2.0) -> LeanRedis:
+def client(url: str, socket_timeout: float = 2.0, flush_batches: int = 0) -> LeanRedis:
     pool = aioredis.BlockingConnectionPool.from_url(url, max_connections=4, timeout=2.0,
                                                     socket_timeout=socket_timeout,
                                                     socket_connect_timeout=socket_timeout)
-    return LeanRedis.on_pool(pool)
+    return LeanRedis.on_pool(pool, flush_batches)
 
 
 def queue_everything(pipe, key: str, sha: str) -> None:
@@ -199,6 +199,61 @@ async def test_callers_of_one_loop_iteration_share_one_write(monkeypatch):
         assert len(sent) == 1 and sent[0].count(b"ECHO") == 20
     finally:
         await lean.aclose()
+
+
+def record_sends(monkeypatch) -> list[bytes]:
+    sent: list[bytes] = []
+    real_send = LeanConnection.send
+    monkeypatch.setattr(LeanConnection, "send",
+                        lambda self, packed: sent.append(packed) or real_send(self, packed))
+    return sent
+
+
+@pytest.mark.parametrize("flush_batches, groups", [(8, [8, 8, 4]), (1, [1] * 20),
+                                                   (20, [20]), (32, [20])])
+async def test_a_loop_iteration_s_callers_are_written_in_groups_of_flush_batches(
+        monkeypatch, flush_batches, groups):
+    """Each `flush_batches` batches queued in one iteration go out as they are queued (Redis
+    starts on them while the loop makes the rest), the remainder at the iteration's end; every
+    caller still gets its own replies."""
+    lean = client(settings.REDIS_URL, flush_batches=flush_batches)
+    sent = record_sends(monkeypatch)
+    try:
+        await ping(lean)  # connected
+        sent.clear()
+        words = [f"w{i}" for i in range(20)]
+        assert await asyncio.gather(*(ping(lean, w) for w in words)) == [
+            [w.encode()] for w in words]
+        assert [packed.count(b"ECHO") for packed in sent] == groups
+        assert b"".join(sent).index(b"w19") > b"".join(sent).index(b"w0")  # queued order
+    finally:
+        await lean.aclose()
+
+
+async def test_batches_queued_before_the_connection_is_up_go_out_once_it_is(monkeypatch):
+    """A group that fills before the first connection is made waits for it with the rest."""
+    lean = client(settings.REDIS_URL, flush_batches=2)
+    sent = record_sends(monkeypatch)
+    try:
+        words = [f"w{i}" for i in range(5)]
+        assert await asyncio.gather(*(ping(lean, w) for w in words)) == [
+            [w.encode()] for w in words]
+        assert sum(packed.count(b"ECHO") for packed in sent) == 5
+    finally:
+        await lean.aclose()
+
+
+async def test_the_platform_client_writes_in_groups_of_the_setting(monkeypatch, settings):
+    settings.REDIS_LEAN_FLUSH_BATCHES = 3
+    made = async_redis()
+    sent = record_sends(monkeypatch)
+    try:
+        await ping(made)
+        sent.clear()
+        await asyncio.gather(*(ping(made, f"w{i}") for i in range(7)))
+        assert [packed.count(b"ECHO") for packed in sent] == [3, 3, 1]
+    finally:
+        await made.aclose()
 
 
 async def test_a_hung_redis_times_out_every_waiting_caller_and_service_comes_back():
