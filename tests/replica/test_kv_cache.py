@@ -1,11 +1,13 @@
 """Block pool, prefix cache and KV manager: exact block ids and eviction order."""
 from __future__ import annotations
 
+import random
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from replica.engine.kv.block_hash import hash_block, hash_full_blocks
+from replica.engine.kv.block_hash import ROOT_HASH, hash_block, hash_full_blocks
 from replica.engine.kv.block_pool import BlockPool, NoFreeBlocksError
 from replica.engine.kv.manager import KVCacheManager
 from replica.engine.request import Request
@@ -47,6 +49,24 @@ def test_hash_chain_depends_on_prefix_and_salt():
     assert hash_full_blocks(list(range(8)), 4, "tenant-a") != a
     assert a[1] == hash_block(a[0], [4, 5, 6, 7])
     assert hash_full_blocks(list(range(9)), 4) == a  # the partial last block is not hashed
+
+
+@pytest.mark.parametrize("salt", ["", "17", "tenant-\u00e9"])
+def test_the_chain_is_hash_block_chained_block_by_block(salt):
+    """`hash_full_blocks` (tokens packed once, one hash call a block) gives what chaining
+    `hash_block` gives, from any number of known leading hashes; the router and the engine
+    must agree on every hash."""
+    rng = random.Random(7)
+    for length in (0, 3, 4, 5, 8, 31, 32, 33, 150):
+        tokens = [rng.randrange(-2, 1 << 40) for _ in range(length)]
+        chained, parent = [], ROOT_HASH
+        for start in range(0, length - 3, 4):
+            parent = hash_block(parent, tokens[start:start + 4], salt)
+            chained.append(parent)
+        assert hash_full_blocks(tokens, 4, salt) == chained
+        assert hash_full_blocks(tuple(tokens), 4, salt) == chained
+        for known in range(len(chained) + 1):
+            assert hash_full_blocks(tokens, 4, salt, chained[:known]) == chained
 
 
 def test_prefix_hit_reuses_exact_blocks_and_lru_eviction_order():
