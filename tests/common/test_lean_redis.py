@@ -1,6 +1,6 @@
 """common/lean_redis.py: plain pipelines sent over the lean connection give what redis-py's
 pipeline gives (the same results through the same reply callbacks, the same error instances);
-callers in one loop iteration share one write; a connection that died while idle is replaced
+callers in one loop iteration share one write (or one a group of `flush_batches`); a connection that died while idle is replaced
 transparently; a hung Redis fails every waiting round trip with redis.TimeoutError within the
 socket timeout and service comes back on a new connection; a cancelled caller's replies never
 reach another; transactions and redis-py Scripts queued on a pipeline still go through
@@ -184,23 +184,6 @@ async def ping(lean: LeanRedis, word: str = "x") -> list:
     return await pipe.execute()
 
 
-async def test_callers_of_one_loop_iteration_share_one_write(monkeypatch):
-    lean = client(settings.REDIS_URL)
-    sent = []
-    real_send = LeanConnection.send
-    monkeypatch.setattr(LeanConnection, "send",
-                        lambda self, packed: sent.append(packed) or real_send(self, packed))
-    try:
-        await ping(lean)  # connected
-        sent.clear()
-        words = [f"w{i}" for i in range(20)]
-        assert await asyncio.gather(*(ping(lean, w) for w in words)) == [
-            [w.encode()] for w in words]
-        assert len(sent) == 1 and sent[0].count(b"ECHO") == 20
-    finally:
-        await lean.aclose()
-
-
 def record_sends(monkeypatch) -> list[bytes]:
     sent: list[bytes] = []
     real_send = LeanConnection.send
@@ -209,13 +192,13 @@ def record_sends(monkeypatch) -> list[bytes]:
     return sent
 
 
-@pytest.mark.parametrize("flush_batches, groups", [(8, [8, 8, 4]), (1, [1] * 20),
+@pytest.mark.parametrize("flush_batches, groups", [(0, [20]), (8, [8, 8, 4]), (1, [1] * 20),
                                                    (20, [20]), (32, [20])])
-async def test_a_loop_iteration_s_callers_are_written_in_groups_of_flush_batches(
+async def test_callers_of_one_loop_iteration_share_one_write_or_one_per_group(
         monkeypatch, flush_batches, groups):
-    """Each `flush_batches` batches queued in one iteration go out as they are queued (Redis
-    starts on them while the loop makes the rest), the remainder at the iteration's end; every
-    caller still gets its own replies."""
+    """One write for every batch queued in one iteration (`flush_batches` 0); else each
+    `flush_batches` of them go out as they are queued (Redis starts on them while the loop
+    makes the rest), the remainder at the iteration's end. Every caller gets its own replies."""
     lean = client(settings.REDIS_URL, flush_batches=flush_batches)
     sent = record_sends(monkeypatch)
     try:
