@@ -1,10 +1,11 @@
 """common/lean_redis.py: plain pipelines sent over the lean connection give what redis-py's
 pipeline gives (the same results through the same reply callbacks, the same error instances);
 callers in one loop iteration share one write (or one a group of `flush_batches`); a
-connection that died while idle is replaced transparently; a hung Redis fails every waiting round trip with redis.TimeoutError within the
-socket timeout and service comes back on a new connection; a cancelled caller's replies never
-reach another; transactions and redis-py Scripts queued on a pipeline still go through
-redis-py. Against the test Redis (REDIS_URL) and, for the faults, a private redis-server."""
+connection that died while idle is replaced transparently; a hung Redis fails every waiting
+round trip with redis.TimeoutError within the socket timeout and service comes back on a new
+connection; a cancelled caller's replies never reach another; transactions and redis-py
+Scripts queued on a pipeline still go through redis-py. Against the test Redis (REDIS_URL)
+and, for the faults, a private redis-server."""
 from __future__ import annotations
 
 import asyncio
