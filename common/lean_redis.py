@@ -157,9 +157,10 @@ class LeanConnection:
 
 class LeanPool:
     """Every round trip of a client (per event loop) on one connection, auto-pipelined: the
-    batches callers submit while the event loop runs one iteration go out in one write, and
-    their replies come back in one read, instead of one system call each way per caller (a
-    loopback TCP send costs tens of microseconds of the sender's CPU here)."""
+    batches callers submit while the event loop runs one iteration go out in one write (or in
+    writes of `flush_batches` as they are queued, the rest at the iteration's end), and their
+    replies come back in one read, instead of one system call each way per caller (a loopback
+    TCP send costs tens of microseconds of the sender's CPU here)."""
 
     def __init__(self, *, host: str, port: int, db: int, username: str | None,
                  password: str | None, protocol: int, client_name: str | None,
@@ -218,9 +219,9 @@ class LeanPool:
         batch = _Batch(packed, count, loop.create_future())
         queued = self._queued
         queued.append(batch)
-        if len(queued) == self._flush_batches and self._write_queued():
-            pass  # a group written: what comes later in this iteration, at its end
-        elif not self._flush_scheduled:
+        # A full group goes out now; the rest of this iteration's batches at its end.
+        written = len(queued) == self._flush_batches and self._write_queued()
+        if not written and not self._flush_scheduled:
             self._flush_scheduled = True
             loop.call_soon(self._flush)
         if self._socket_timeout is not None:

@@ -3,9 +3,10 @@
 `django.conf.settings` is a `LazySettings`, whose reads run `LazyObject.__getattribute__` in
 Python on every access (0.2-0.5 us each on the hosts of benchmarks/README.md, against about
 0.05 us for a plain attribute); a cached request to the generation endpoints read it 17 times
-from the platform's own modules, 15 of them before its first token. `settings` here holds each value a caller read as an ordinary instance
-attribute: the first read of a name goes to Django (and raises its AttributeError for an
-unknown name), later reads find it in the instance's `__dict__` without running any Python.
+from the platform's own modules, 15 of them before its first token. `settings` here holds
+each value a caller read as an ordinary instance attribute: the first read of a name goes to
+Django (and raises its AttributeError for an unknown name), later reads find it in the
+instance's `__dict__` without running any Python.
 
 A value is dropped when Django's `setting_changed` signal names it (`override_settings`,
 pytest-django's `settings` fixture), so the next read takes the new one; a change of
