@@ -77,7 +77,8 @@ def _wait_port(port: int, proc: subprocess.Popen, deadline_s: float) -> None:
 def start_fleet(replica: str = "smollm2", database: str = "llm_platform_bench",
                 num_replicas: int = 1, replica_args: tuple[str, ...] = (),
                 api_processes: int = 1, *, repo: Path = REPO, python: str = sys.executable,
-                extra_env: dict | None = None, logs: Path = LOGS) -> Fleet:
+                extra_env: dict | None = None, logs: Path = LOGS,
+                api_python: str | None = None) -> Fleet:
     """`replica`: "smollm2" (the real engine in tritonserver) or "fake" (tests/fakes: Triton's
     gRPC protocol with a model that costs nothing, to isolate what the platform itself adds).
     `database`: a benchmark's own database (start_fleet stops every replica registered there).
@@ -86,6 +87,8 @@ def start_fleet(replica: str = "smollm2", database: str = "llm_platform_bench",
     `api_processes`: daphne processes sharing the API's port (llm_platform.web_processes).
     `repo`, `python`, `extra_env`, `logs`: the platform's code, interpreter, more environment
     and log folder (benchmarks.gateway_ab runs another checkout's platform beside this one's).
+    `api_python`: another interpreter for the API processes only (default `python`): the web
+    role's own environment (requirements/web.txt), e.g. a newer CPython than the node's.
     An interrupted benchmark (SIGTERM, SIGHUP, Ctrl-C) stops the fleet too."""
     stop_on_signals()
     services = ensure_services(REPO / "var", log=lambda *_: None)
@@ -131,9 +134,10 @@ def start_fleet(replica: str = "smollm2", database: str = "llm_platform_bench",
             ready_urls.append((server, grpc_port,
                                f"http://127.0.0.1:{http_port}/v2/models/chat-small/ready"))
         fleet.grpc_address, fleet.metrics_address = fleet.replicas[0]
-        daphne = start("api", ["-m", "llm_platform.web_processes", "--host", "127.0.0.1",
-                                "--port", str(api_port)],
-                        {**env, "WEB_PROCESSES": str(api_processes)})
+        daphne = _start("api", ["-m", "llm_platform.web_processes", "--host", "127.0.0.1",
+                                 "--port", str(api_port)],
+                        {**env, "WEB_PROCESSES": str(api_processes)}, repo=repo,
+                        python=api_python or python, logs=logs)
         fleet.procs.append(daphne)
         fleet.api = daphne
         fleet.base_url = f"http://127.0.0.1:{api_port}"

@@ -185,6 +185,7 @@ async def run(args, replica: str) -> dict:
     slots = max(args.streams, args.short_concurrency)
     rounds = args.rounds or ROUNDS[replica]
     fleet = start_fleet(replica, database=args.database, api_processes=args.api_processes,
+                        api_python=args.api_python,
                         extra_env={"ADMISSION_SLOTS_PER_REPLICA": str(slots)})
     try:
         lift_tenant_limits(fleet)
@@ -306,6 +307,9 @@ def main() -> None:
                         help="daphne processes sharing the API's port (default 1)")
     parser.add_argument("--database", default="llm_platform_bench",
                         help="the benchmark's own PostgreSQL database (one per concurrent run)")
+    parser.add_argument("--api-python", default=None,
+                        help="the API processes' interpreter (default: this one), e.g. a web "
+                             "environment of requirements/web.txt on a newer CPython")
     parser.add_argument("--client", choices=("raw", "httpx"), default="raw",
                         help="the platform side's HTTP client: raw (benchmarks/raw_http.py, as "
                              "lean as the direct side's gRPC client) or httpx (what rounds "

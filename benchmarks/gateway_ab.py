@@ -12,7 +12,9 @@ over `--rounds` rounds; the noise then falls on both sides alike. `--system-word
 long system prompt (one of 12) before each request. `--stream-tokens N`: each request of a
 burst streams N tokens instead (SSE, as `benchmarks.gateway`'s streaming rounds), which weighs
 the per-token path (`cpu_us_per_token` is printed as well). `--a-api-processes N` /
-`--b-api-processes N`: that side's API as N daphne processes on its port (default 1). Prints
+`--b-api-processes N`: that side's API as N daphne processes on its port (default 1);
+`--a-api-python` / `--b-api-python`: that side's API processes alone on another interpreter (a
+web environment of requirements/web.txt). Prints
 each side's `cpu_ms_per_request` (all rounds), the median of the rounds' B/A ratios, and the
 load average.
 The benchmark tenants' request and token limits are lifted (bursts add up past the tier's).
@@ -61,9 +63,10 @@ def _env(pairs: list[str]) -> dict:
 
 
 def start_side(name: str, repo: Path, python: str, env: dict, database: str,
-               processes: int = 1):
+               processes: int = 1, api_python: str | None = None):
     fleet = start_fleet("fake", database=database, repo=repo, python=python, extra_env=env,
-                        logs=LOGS / f"ab-{name}", api_processes=processes)
+                        logs=LOGS / f"ab-{name}", api_processes=processes,
+                        api_python=api_python)
     lift_tenant_limits(fleet, repo=repo, python=python)
     return fleet
 
@@ -78,9 +81,9 @@ async def run(args) -> dict:
             else {}
         sides["A"] = start_side("a", Path(args.a_repo).resolve(), args.a_python,
                                 {**slots, **_env(args.a_env)}, args.database + "_a",
-                                args.a_api_processes)
+                                args.a_api_processes, args.a_api_python)
         sides["B"] = start_side("b", REPO, sys.executable, {**slots, **_env(args.b_env)},
-                                args.database + "_b", args.b_api_processes)
+                                args.database + "_b", args.b_api_processes, args.b_api_python)
         cpu = {name: 0.0 for name in sides}
         ratios = []
         ttfts = {name: [] for name in sides}  # --ttft-streams: every stream's TTFT, per side
@@ -137,9 +140,11 @@ async def run(args) -> dict:
                   f"{cpu[name] * 1e6 / (requests * args.stream_tokens):.1f}")
     result = {
         "a": {"repo": str(args.a_repo), "python": args.a_python, "env": _env(args.a_env),
+              "api_python": args.a_api_python or args.a_python,
               "cpu_ms_per_request": round(cpu["A"] * 1000 / requests, 3),
               "api_processes": args.a_api_processes},
         "b": {"repo": str(REPO), "python": sys.executable, "env": _env(args.b_env),
+              "api_python": args.b_api_python or sys.executable,
               "cpu_ms_per_request": round(cpu["B"] * 1000 / requests, 3),
               "api_processes": args.b_api_processes},
         "b_over_a": round(cpu["B"] / cpu["A"], 3) if cpu["A"] else None,
@@ -164,6 +169,11 @@ def main() -> None:
     parser.add_argument("--a-repo", default=str(REPO), help="side A's checkout (default: this)")
     parser.add_argument("--a-python", default=sys.executable, help="side A's interpreter")
     parser.add_argument("--a-env", nargs="*", default=[], metavar="NAME=VALUE")
+    parser.add_argument("--a-api-python", default=None,
+                        help="side A's API processes only on this interpreter (default: its "
+                             "--a-python); the fake replica and manage.py stay on --a-python")
+    parser.add_argument("--b-api-python", default=None,
+                        help="side B's API processes only on this interpreter")
     parser.add_argument("--b-env", nargs="*", default=[], metavar="NAME=VALUE")
     parser.add_argument("--a-api-processes", type=int, default=1,
                         help="side A's daphne processes on its port (default 1)")

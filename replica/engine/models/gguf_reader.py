@@ -93,7 +93,8 @@ class _Cursor:
     def value(self, type_id: int) -> Any:
         if type_id == _FLOAT32:
             # the shortest decimal that rounds to this float32: 1e-05, not 9.999999747378752e-06
-            return float(repr(np.float32(self.unpack("<f"))))
+            # (str, not repr: NumPy 2's repr is "np.float32(1e-05)")
+            return float(str(np.float32(self.unpack("<f"))))
         if type_id in _SCALAR_FORMATS:
             return self.unpack(_SCALAR_FORMATS[type_id])
         if type_id == _STRING:
