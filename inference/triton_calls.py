@@ -8,9 +8,11 @@ A gRPC call per request cost the API process ~0.4-0.5 ms of CPU before its first
 
 - `CallPool` (one per replica address and event loop) keeps up to `size` calls open and gives a
   request the one with the fewest requests in flight, opening another while every open call is
-  busy; one call alone would read every response of the replica in turn, one read at a time,
-  where several calls are read in parallel (a single shared call measured ~35 us more per
-  streamed token than a call per request; 16 calls ~10 % less).
+  busy. Without channels, one call alone reads every response of the replica in turn (a
+  single shared call measured ~35 us more per streamed token than a call per request, 16 calls
+  ~10 % less); with channels one call is the cheapest, since a replica flush is then one
+  response for all its requests and a burst's submissions go out in fewer writes (the default,
+  TRITON_CALLS_PER_REPLICA=1: llm_platform/settings.py).
 - `SharedCall`: one reader task hands each response to its request's `Inbox`; writes go out in
   order from one writer task at a time (grpc.aio allows one write in flight per call).
 - A call that fails (the connection lost, the replica gone, its access token refused) fails
