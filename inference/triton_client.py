@@ -139,7 +139,7 @@ class TritonReplicaClient:
     for comparison: `TRITON_CALLS_PER_REPLICA=0`)."""
 
     def __init__(self, first_token_timeout: float, token_timeout: float, access_token: str = "",
-                 calls_per_replica: int = 2, call_idle_s: float = 1.0,
+                 calls_per_replica: int = 16, call_idle_s: float = 1.0,
                  channels: bool = True):
         self._first_token_timeout = first_token_timeout
         self._token_timeout = token_timeout
