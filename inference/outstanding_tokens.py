@@ -49,6 +49,18 @@ else
 end
 return now_held
 """
+# ARGV[2]: lease. Ends it wherever it is held (its replica is read from the holdings): for a
+# lease whose holder does not know where the router's script placed it.
+_END_ANYWHERE = """
+local held = redis.call('HGET', KEYS[3], ARGV[2])
+if held then
+  local replica, tokens = string.match(held, '^([^:]*):(-?%d+)$')
+  redis.call('HINCRBY', KEYS[1], replica, -tonumber(tokens))
+  redis.call('HDEL', KEYS[3], ARGV[2])
+end
+redis.call('ZREM', KEYS[2], ARGV[2])
+return held and 1 or 0
+"""
 # ARGV[2..]: replica ids. Reclaims, then returns their counts.
 _READ = _RECLAIM + """
 reclaim(tonumber(ARGV[1]))
@@ -75,6 +87,7 @@ class OutstandingTokens:
         self._ttl_ms = int(ttl_s * 1000)
         self._adjust = redis.register_script(_ADJUST)
         self._read = redis.register_script(_READ)
+        self._end_anywhere = redis.register_script(_END_ANYWHERE)
 
     def key(self, model_version_id: int) -> str:
         return redis_keys.outstanding_tokens(self._prefix, model_version_id)
@@ -139,6 +152,18 @@ class OutstandingTokens:
         """`give_back(..., end=True)` queued on a `common.pipelines.Batch`."""
         batch.script(self._adjust, self.keys(model_version_id),
                      [self._now_ms(), lease_id, str(replica_id), -abs(num_tokens), 0])
+
+    async def end_anywhere(self, model_version_id: int, lease_id: str) -> bool:
+        """End the lease on whichever replica holds it (False: it holds nothing, or never
+        came to be)."""
+        return bool(await run_script(self._end_anywhere, self.keys(model_version_id),
+                                     [self._now_ms(), lease_id]))
+
+    def lease_times(self) -> tuple[int, int]:
+        """Now and a new lease's expiry (ms), for a script that takes a lease itself (the
+        router's decision in Redis, inference/router.py)."""
+        now = self._now_ms()
+        return now, now + self._ttl_ms
 
     async def refresh(self, model_version_id: int, lease_id: str) -> bool:
         """Extend the lease; False when it is gone (ended or reclaimed)."""

@@ -163,9 +163,19 @@ class Balanced:
     name = "balanced"
     kv_weight = 2.0
     evict_weight = 1.0
+    # The router makes this choice in Redis, atomically with its lease, from the live loads
+    # and prefix index (inference/router.py, `_DECIDE`: the same score, in Lua); `choose` is
+    # the same decision on a snapshot.
+    decides_in_redis = True
 
     def __init__(self, rng: random.Random):
         pass
+
+    @staticmethod
+    def tie_order(request: RouteRequest, candidates: list[Candidate]) -> list[Candidate]:
+        """The candidates in the order `best` prefers them at equal scores."""
+        key = _tie_key(request)
+        return sorted(candidates, key=lambda c: -rendezvous_weight(key, c.replica.replica_id))
 
     def score(self, request: RouteRequest, candidate: Candidate) -> float:
         miss = request.num_prompt_tokens - candidate.hit_tokens(request)

@@ -76,6 +76,12 @@ class PrefixIndex:
     def key(self, model_version_id: int, block_hash: int) -> str:
         return redis_keys.prefix_block(self._prefix, model_version_id, block_hash)
 
+    def script_args(self) -> list[int]:
+        """For a script that matches and records as `_MATCH` and `_RECORD` do (the router's
+        decision in Redis): now, the oldest entry still counted, the ttl (ms)."""
+        now = int(self._clock() * 1000)
+        return [now, now - self._ttl_ms, self._ttl_ms]
+
     async def match(self, model_version_id: int, block_hashes: Sequence[int],
                     replica_ids: Sequence[int]) -> dict[int, int]:
         """Per replica: how many leading blocks of `block_hashes` it holds (a chain: block i
