@@ -293,6 +293,7 @@ def run(args) -> dict:
         for policy in args.policies:
             set_policy(fleet, policy)
             # Each tenant's first request, all at once, placed by this policy (not measured).
+            routed_before_warmup = routed_counts(fleet.base_url, policy)
             warm, _ = asyncio.run(replay(fleet.base_url, keys[policy], systems, warmup,
                                          args.max_tokens))
             if any(s.status != 200 for s in warm):
@@ -307,6 +308,10 @@ def run(args) -> dict:
             results[policy]["routed_per_replica"] = {
                 rid: n - routed_before.get(rid, 0)
                 for rid, n in routed_counts(fleet.base_url, policy).items()}
+            # Where the warm-up put the tenants: with a prefix-following policy the trace
+            # mostly keeps that placement, so an uneven warm-up shows in routed_per_replica.
+            results[policy]["warmup_routed_per_replica"] = {
+                rid: n - routed_before_warmup.get(rid, 0) for rid, n in routed_before.items()}
             print(f"{policy:26s} " + json.dumps({k: results[policy][k] for k in (
                 "ok", "ttft_p50_ms", "ttft_p90_ms", "ttft_p99_ms", "output_tokens_per_s",
                 "hit_rate", "wall_s")}), flush=True)
