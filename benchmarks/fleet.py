@@ -131,7 +131,7 @@ def start_fleet(replica: str = "smollm2", database: str = "llm_platform_bench",
                                  "--metrics-port", str(metrics_port), *replica_args], env)
             fleet.procs.append(server)
             fleet.replicas.append((f"127.0.0.1:{grpc_port}", f"127.0.0.1:{metrics_port}"))
-            ready_urls.append((server, grpc_port,
+            ready_urls.append((server, grpc_port, metrics_port,
                                f"http://127.0.0.1:{http_port}/v2/models/chat-small/ready"))
         fleet.grpc_address, fleet.metrics_address = fleet.replicas[0]
         daphne = _start("api", ["-m", "llm_platform.web_processes", "--host", "127.0.0.1",
@@ -141,11 +141,14 @@ def start_fleet(replica: str = "smollm2", database: str = "llm_platform_bench",
         fleet.procs.append(daphne)
         fleet.api = daphne
         fleet.base_url = f"http://127.0.0.1:{api_port}"
-        for server, grpc_port, ready_url in ready_urls:
+        for server, grpc_port, metrics_port, ready_url in ready_urls:
             if replica == "fake":
                 _wait_port(grpc_port, server, 60)
             else:
                 _wait(ready_url, server, 900)
+                # Its metrics port answers a little after the model is ready (a routing run
+                # that read it at once was refused).
+                _wait_port(metrics_port, server, 60)
         # Stale replicas of earlier runs in this database must not receive traffic.
         subprocess.run([*manage, "shell", "-c",
                         "from models_registry.models import Replica; "

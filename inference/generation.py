@@ -287,7 +287,8 @@ class Generation:
                 finish = also(pipe)
                 parts.append((start, len(pipe.command_stack), finish))
             start = len(pipe.command_stack)
-            prefetch = router.queue_snapshot(pipe, model_version_id, ready, route)
+            prefetch = router.queue_snapshot(pipe, model_version_id, ready, route,
+                                             prepared.target.routing_policy)
             parts.append((start, len(pipe.command_stack), prefetch.finish))
             total = len(pipe.command_stack)
 

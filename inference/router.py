@@ -261,6 +261,7 @@ class Prefetch:
         self.snapshot = None  # (request, candidates, circuits, clean) once parsed
         self._parse = None
         self._open = True
+        self.live = True  # read with the outstanding tokens and prefix index (queue_snapshot)
 
     async def finish(self, results: list) -> None:
         """The pipeline's results for the commands this snapshot queued (or [exception])."""
@@ -333,23 +334,31 @@ class Router:
         return policy
 
     def _queue_snapshot(self, pipe, model_version_id: int, replicas: list[ReplicaInfo],
-                        request: RouteRequest):
+                        request: RouteRequest, live: bool = True):
         """Queue a snapshot's reads on `pipe`; returns the parser of their results (a list,
-        in order) into (request with its sequence, candidates, circuits, clean circuits)."""
+        in order) into (request with its sequence, candidates, circuits, clean circuits).
+        `live` False: without the outstanding tokens and the prefix index (0 in the
+        candidates), for a policy that reads them in Redis as it decides."""
         ids = [r.replica_id for r in replicas]
         pipe.execute_command("INCRBY", self.state.sequence_key(model_version_id), 1)
-        self._counter.queue_read(pipe, model_version_id, ids)
+        if live:
+            self._counter.queue_read(pipe, model_version_id, ids)
         parse_signals = self.state.signals.queue_read(pipe, ids)
-        parse_prefix = self.state.prefix_index.queue_match(pipe, model_version_id,
-                                                           request.block_hashes, ids)
+        if live:
+            parse_prefix = self.state.prefix_index.queue_match(pipe, model_version_id,
+                                                               request.block_hashes, ids)
         parse_circuits = self.state.circuit.queue_states(pipe, ids)
 
         def parse(raw: list):
             results = iter(raw)
             sequence = next(results)
-            loads = self._counter.parse_read(ids, next(results))
-            signals, prefix, circuits = parse_signals(results), parse_prefix(results), \
-                parse_circuits(results)
+            if live:
+                loads = self._counter.parse_read(ids, next(results))
+                signals, prefix = parse_signals(results), parse_prefix(results)
+            else:
+                signals = parse_signals(results)
+                loads = prefix = dict.fromkeys(ids, 0)
+            circuits = parse_circuits(results)
             candidates = []
             for r in replicas:
                 s = signals.get(r.replica_id)
@@ -365,13 +374,14 @@ class Router:
         return parse
 
     async def snapshot(self, model_version_id: int, replicas: list[ReplicaInfo],
-                       request: RouteRequest
+                       request: RouteRequest, live: bool = True
                        ) -> tuple[RouteRequest, list[Candidate], dict[int, str], set[int]]:
         """Everything a decision reads, in one round trip: the round-robin sequence, the
-        outstanding tokens, the replicas' signals, the prefix index and the circuits."""
+        outstanding tokens, the replicas' signals, the prefix index and the circuits
+        (`live` False: as `_queue_snapshot`)."""
         raw, parse = await pipelines.execute(
             self.state.redis,
-            lambda pipe: self._queue_snapshot(pipe, model_version_id, replicas, request),
+            lambda pipe: self._queue_snapshot(pipe, model_version_id, replicas, request, live),
             self._scripts())
         return parse(raw)
 
@@ -389,16 +399,22 @@ class Router:
         return await self._directory.ready(model_version_id)
 
     def queue_snapshot(self, pipe, model_version_id: int, replicas: list[ReplicaInfo],
-                       request: RouteRequest) -> Prefetch:
+                       request: RouteRequest, policy_name: str | None = None) -> Prefetch:
         """A snapshot for the next `acquire` of this request, read on `pipe` (another call's
-        round trip); `replicas`: the version's ready replicas now (`ready`). Await the
-        returned prefetch's `finish` with those commands' results, and `close` it."""
+        round trip); `replicas`: the version's ready replicas now (`ready`); `policy_name`:
+        the policy that will decide (one that decides in Redis needs no live reads here).
+        Await the returned prefetch's `finish` with those commands' results, and `close` it."""
         prefetch = Prefetch(self, model_version_id, tuple(r.replica_id for r in replicas),
                             request, self._epoch)
+        prefetch.live = not (policy_name is not None and self._in_redis(policy_name))
         self._deciding.append(prefetch.epoch)
         if replicas:
-            prefetch._parse = self._queue_snapshot(pipe, model_version_id, replicas, request)
+            prefetch._parse = self._queue_snapshot(pipe, model_version_id, replicas, request,
+                                                   prefetch.live)
         return prefetch
+
+    def _in_redis(self, policy_name: str) -> bool:
+        return getattr(self.policy(policy_name), "decides_in_redis", False)
 
     def _decided(self, epoch: int) -> None:
         self._deciding.remove(epoch)
@@ -418,9 +434,12 @@ class Router:
         if self._poller is not None:
             self._poller.watch(ready)
         replicas = [r for r in ready if r.replica_id not in exclude]
+        policy = self.policy(policy_name)
+        in_redis = getattr(policy, "decides_in_redis", False)
         usable = (prefetch is not None and prefetch.snapshot is not None
                   and prefetch.model_version_id == model_version_id
                   and prefetch.request is request
+                  and (prefetch.live or in_redis)
                   and prefetch.replica_ids == tuple(r.replica_id for r in replicas))
         if prefetch is not None and not usable:
             prefetch.close()
@@ -435,8 +454,8 @@ class Router:
             if usable:
                 request, candidates, circuits, clean = prefetch.snapshot
             else:
-                request, candidates, circuits, clean = await self.snapshot(model_version_id,
-                                                                           replicas, request)
+                request, candidates, circuits, clean = await self.snapshot(
+                    model_version_id, replicas, request, live=not in_redis)
             for c in candidates:
                 rid = c.replica.replica_id
                 if circuits[rid] == HALF_OPEN and await self.state.circuit.try_half_open_trial(rid):
@@ -446,9 +465,7 @@ class Router:
                           if circuits[c.replica.replica_id] not in (OPEN, HALF_OPEN)]
             if not candidates:
                 raise NoReplicaReady(failing=True)
-            policy = self.policy(policy_name)
-            in_redis = len(candidates) > 1 and getattr(policy, "decides_in_redis", False)
-            if in_redis:
+            if in_redis:  # one candidate too: Redis reads its prefix match (the tokens held)
                 candidates = policy.tie_order(request, candidates)
             else:
                 if len(candidates) > 1:

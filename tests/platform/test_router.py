@@ -161,12 +161,15 @@ async def test_no_replica_says_whether_the_ready_ones_are_failing(model_version)
     assert failing.value.failing is True
 
 
-async def _prefetch(router, model_version_id, request):
-    """A snapshot queued on a pipeline of its own (as the admission's round trip carries it)."""
+async def _prefetch(router, model_version_id, request, policy_name=None, commands=None):
+    """A snapshot queued on a pipeline of its own (as the admission's round trip carries it);
+    `commands`: a list that gets the number of commands it queued."""
     redis = current_container().redis
     pipe = redis.pipeline(transaction=False)
     prefetch = router.queue_snapshot(pipe, model_version_id, await router.ready(model_version_id),
-                                     request)
+                                     request, policy_name)
+    if commands is not None:
+        commands.append(len(pipe.command_stack))
     await prefetch.finish(await pipe.execute(raise_on_error=False))
     return prefetch
 
@@ -327,3 +330,51 @@ async def test_two_processes_deciding_at_once_spread_new_prefixes_evenly(model_v
         for lease in leases:
             await lease.release()
     assert await first._counter.read(model_version.pk, ids) == {rid: 0 for rid in ids}
+
+
+@pytestmark_db
+@pytest.mark.asyncio
+async def test_a_snapshot_for_a_decision_in_redis_skips_the_live_reads(model_version):
+    """Read for `balanced` (decided in Redis), the admission's snapshot leaves out the
+    outstanding tokens and the prefix match (two scripts fewer on that round trip) and the
+    decision still reads none of its own; a policy that chooses on the snapshot does not take
+    such a snapshot: it reads a whole one."""
+    from asgiref.sync import sync_to_async
+
+    for i in range(2):
+        await sync_to_async(register_replica)(model_version, f"127.0.0.1:{9001 + i}")
+    router = current_container().router
+    request = RouteRequest(1, 100, 20, block_hashes=(1, 2, 3, 4, 5, 6))
+    whole, lean = [], []
+    (await _prefetch(router, model_version.pk, request, "least_outstanding_tokens",
+                     whole)).close()
+    snapshots = []
+    real_snapshot = router.snapshot
+
+    async def counting_snapshot(*args, **kwargs):
+        snapshots.append(kwargs.get("live", True))
+        return await real_snapshot(*args, **kwargs)
+
+    router.snapshot = counting_snapshot
+    try:
+        prefetch = await _prefetch(router, model_version.pk, request, "balanced", lean)
+        assert lean[0] == whole[0] - 2
+        first = await router.acquire(model_version.pk, "balanced", request, prefetch=prefetch)
+        assert snapshots == []
+        await first.release()  # else its 120 tokens outweigh the prefix (the load guard)
+        again = await router.acquire(model_version.pk, "balanced", request,
+                                     prefetch=await _prefetch(router, model_version.pk,
+                                                              request, "balanced"))
+        assert snapshots == []
+        # The prefix is read in Redis as it decides: the same replica, 6 blocks expected cached.
+        assert again.replica.replica_id == first.replica.replica_id
+        assert (first.num_prompt_tokens, again.num_prompt_tokens) == (100, 100 - 6 * 16)
+        other = await router.acquire(model_version.pk, "least_outstanding_tokens", request,
+                                     prefetch=await _prefetch(router, model_version.pk,
+                                                              request, "balanced"))
+        assert snapshots == [True]
+    finally:
+        del router.snapshot
+    assert router._deciding == []
+    for lease in (first, again, other):
+        await lease.release()
