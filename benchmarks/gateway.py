@@ -196,11 +196,11 @@ async def run(args, replica: str) -> dict:
         async with httpx.AsyncClient(timeout=600, limits=limits) as http:
             raw = RawClient(fleet.base_url, max_connections=args.streams * 2)
             # The direct side reads as a Triton client does, one response per token and
-            # request (on 16 shared calls); `--direct-channels`: batched on channels over two
-            # calls, as the platform reads by default (TRITON_CALLS_PER_REPLICA).
+            # request (on 16 shared calls); `--direct-channels`: batched on channels over one
+            # call, as the platform reads by default (TRITON_CALLS_PER_REPLICA).
             triton = TritonReplicaClient(first_token_timeout=600, token_timeout=600,
                                          channels=args.direct_channels,
-                                         calls_per_replica=2 if args.direct_channels else 16)
+                                         calls_per_replica=1 if args.direct_channels else 16)
             plat_call = platform_caller(args.client, raw, http, fleet)
             plat = lambda i, n=args.max_tokens: plat_call(i, n)  # noqa: E731
             dire = lambda i, n=args.max_tokens: direct(triton, fleet, prompts, i, n)  # noqa: E731

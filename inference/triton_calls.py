@@ -11,8 +11,8 @@ A gRPC call per request cost the API process ~0.4-0.5 ms of CPU before its first
   busy. Without channels, one call alone reads every response of the replica in turn (a
   single shared call measured ~35 us more per streamed token than a call per request, 16 calls
   ~10 % less); with channels one call is the cheapest, since a replica flush is then one
-  response for all its requests and a burst's submissions go out in fewer writes. The default
-  stays two (TRITON_CALLS_PER_REPLICA: llm_platform/settings.py says why).
+  response for all its requests and a burst's submissions go out in fewer writes: the default
+  (TRITON_CALLS_PER_REPLICA: llm_platform/settings.py says why).
 - `SharedCall`: one reader task hands each response to its request's `Inbox`; writes go out in
   order from one writer task at a time (grpc.aio allows one write in flight per call).
 - A call that fails (the connection lost, the replica gone, its access token refused) fails

@@ -293,14 +293,15 @@ TRITON_TOKEN_TIMEOUT_SECONDS = env_float("TRITON_TOKEN_TIMEOUT_SECONDS", 60.0)
 # (inference/triton_calls.py), each closed after TRITON_CALL_IDLE_SECONDS without a request.
 # 0: one call per request (the former way). On channels (TRITON_CHANNELS) the fewer the calls,
 # the more requests share a replica flush's response and a submission write: one call against
-# two, side by side against the fake replica, took API CPU per streamed token to 0.76x, per
-# short request to 0.92x, added TTFT at 32 streams 1.5-2 ms lower (near the noise); but with
-# two API processes and the real model `benchmarks.routing` placed requests unevenly in 3 of
-# 10 runs with one call (TTFT p90 1.3-7.8 s) and in none of 6 with two, cause not found
-# (benchmarks/README.md, "frontdoor25"), so two stays the default. 16 calls cost 26 % more CPU
-# per streamed token than one ("frontdoor9"). Without channels, 16 did better (~10 % less than
-# one call per request).
-TRITON_CALLS_PER_REPLICA = env_int("TRITON_CALLS_PER_REPLICA", 2)
+# two, side by side against the fake replica, took API CPU per streamed token to 0.76x and per
+# short request to 0.73-0.92x; its TTFT gain at 32 streams is within the noise. Round
+# frontdoor25 kept two because `benchmarks.routing` with two API processes placed requests
+# unevenly in 3 of 10 one-call runs; the cause was the warm-up's placement across processes
+# (a process made up for part of the other's decisions, read a round trip late), which
+# `balanced` now decides in Redis (inference/router.py), and one call is the default again
+# (benchmarks/README.md, "frontdoor26"). 16 calls cost 26 % more CPU per streamed token than
+# one ("frontdoor9"). Without channels, 16 did better (~10 % less than one call per request).
+TRITON_CALLS_PER_REPLICA = env_int("TRITON_CALLS_PER_REPLICA", 1)
 TRITON_CALL_IDLE_SECONDS = env_float("TRITON_CALL_IDLE_SECONDS", 1.0)
 # A shared call's requests get their tokens batched on a channel (one response per replica
 # flush for all of them: replica/backend/channel.py) where the replica takes one. 0: a
