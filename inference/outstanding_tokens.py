@@ -26,6 +26,8 @@ local function reclaim(now)
   end
 end
 """
+# For another script that takes a lease itself (the router's decision: inference/router.py).
+RECLAIM_LUA = _RECLAIM
 # ARGV[2..]: lease, replica, tokens (> 0 holds more; < 0 gives back, never more than held),
 # expiry_ms (0: the lease ends). Returns the tokens the lease holds now.
 _ADJUST = _RECLAIM + """

@@ -1,8 +1,10 @@
 """The router: which ready replica of a model version serves a request.
 
 `Router.acquire` builds a snapshot and asks the model's policy (inference/policies.py, pure
-functions registered by name) to choose. The snapshot's live signals, all shared in Redis by
-every platform process:
+functions registered by name) to choose; `balanced` (the default) is chosen in Redis instead,
+by a Lua script that reads the live outstanding tokens and prefix index as it takes the lease
+(`_DECIDE`), so that API processes deciding at once agree. The live signals, all shared in
+Redis by every platform process:
 - outstanding tokens per replica: what the platform has sent and not yet seen done (prompt
   tokens not expected from the prefix cache, until the first token; output still allowed);
 - the replica's own metrics (free KV blocks, waiting sequences), polled about every second
@@ -32,7 +34,7 @@ from common.ttl_cache import TtlCache
 from inference.circuit import HALF_OPEN, OPEN, CircuitBreaker
 from inference.db_connection import registry_cache
 from inference.hooks import engine_died
-from inference.outstanding_tokens import _RECLAIM, OutstandingTokens  # noqa: F401 - re-exported
+from inference.outstanding_tokens import RECLAIM_LUA, OutstandingTokens  # noqa: F401 - re-exported
 from inference.policies import (  # noqa: F401 - re-exported: the router's public names
     DEFAULT_POLICY,
     POLICIES,
@@ -64,7 +66,7 @@ logger = logging.getLogger(__name__)
 # 9 prompt tokens, 10 max tokens, 11 blocks needed, 12 block size, 13 kv weight, 14 evict
 # weight, then per candidate, in the policy's tie order: replica, free KV blocks, free
 # uncached KV blocks (-1: unknown). Returns {replica, tokens held, prefix blocks it holds}.
-_DECIDE = _RECLAIM + """
+_DECIDE = RECLAIM_LUA + """
 reclaim(tonumber(ARGV[1]))
 local ids, free, uncached = {}, {}, {}
 for b = 15, #ARGV, 3 do
