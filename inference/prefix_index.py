@@ -21,27 +21,36 @@ from inference.policies import BLOCK_SIZE
 from replica.engine.kv.block_hash import hash_full_blocks
 from common import redis_keys
 
-# KEYS: the prompt's block keys, in order. ARGV[1]: the oldest time (ms) still counted;
-# ARGV[2..]: replica ids. Returns, per replica in ARGV's order, how many leading blocks it
-# holds (a chain: block i counts only if blocks 1..i-1 do); stops reading once none does.
-_MATCH = """
-local oldest = tonumber(ARGV[1])
-local n = #ARGV - 1
-local fields, alive, matched = {}, {}, {}
-for i = 1, n do fields[i] = ARGV[i + 1]; alive[i] = true; matched[i] = 0 end
-local left = n
-for _, key in ipairs(KEYS) do
-  local row = redis.call('HMGET', key, unpack(fields))
-  for i = 1, n do
-    if alive[i] and ((not row[i]) or tonumber(row[i]) < oldest) then
-      alive[i] = false
-      left = left - 1
+# A Lua function (also in the router's decision, inference/router.py): KEYS[first..] the
+# prompt's block keys, in order; `ids` the replica ids; `oldest` the oldest time (ms) still
+# counted. Returns, per replica in `ids`' order, how many leading blocks it holds (a chain:
+# block i counts only if blocks 1..i-1 do); stops reading once none does.
+MATCH_LUA = """
+local function match(first, ids, oldest)
+  local n = #ids
+  local alive, matched = {}, {}
+  for i = 1, n do alive[i] = true; matched[i] = 0 end
+  local left = n
+  for k = first, #KEYS do
+    local row = redis.call('HMGET', KEYS[k], unpack(ids))
+    for i = 1, n do
+      if alive[i] and ((not row[i]) or tonumber(row[i]) < oldest) then
+        alive[i] = false
+        left = left - 1
+      end
     end
+    if left == 0 then break end
+    for i = 1, n do if alive[i] then matched[i] = matched[i] + 1 end end
   end
-  if left == 0 then break end
-  for i = 1, n do if alive[i] then matched[i] = matched[i] + 1 end end
+  return matched
 end
-return matched
+"""
+# KEYS: the prompt's block keys. ARGV[1]: the oldest time (ms) still counted; ARGV[2..]:
+# replica ids. Returns `match`'s counts.
+_MATCH = MATCH_LUA + """
+local ids = {}
+for i = 2, #ARGV do ids[#ids + 1] = ARGV[i] end
+return match(1, ids, tonumber(ARGV[1]))
 """
 # KEYS: block keys. ARGV: replica id, now (ms), ttl (ms).
 _RECORD = """

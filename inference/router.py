@@ -44,7 +44,7 @@ from inference.policies import (  # noqa: F401 - re-exported: the router's publi
     RouteRequest,
     RoutingPolicy,
 )
-from inference.prefix_index import PrefixIndex
+from inference.prefix_index import MATCH_LUA, PrefixIndex
 from inference.replica_signals import SignalPoller, SignalStore
 from inference.routing_stats import RoutingStats
 from models_registry.selectors import ReplicaInfo, ServingVersion, ready_replicas, serving_version
@@ -66,7 +66,7 @@ logger = logging.getLogger(__name__)
 # 9 prompt tokens, 10 max tokens, 11 blocks needed, 12 block size, 13 kv weight, 14 evict
 # weight, then per candidate, in the policy's tie order: replica, free KV blocks, free
 # uncached KV blocks (-1: unknown). Returns {replica, tokens held, prefix blocks it holds}.
-_DECIDE = RECLAIM_LUA + """
+_DECIDE = RECLAIM_LUA + MATCH_LUA + """
 reclaim(tonumber(ARGV[1]))
 local ids, free, uncached = {}, {}, {}
 for b = 15, #ARGV, 3 do
@@ -75,20 +75,7 @@ for b = 15, #ARGV, 3 do
   uncached[#ids] = tonumber(ARGV[b + 2])
 end
 local n = #ids
-local matched, alive, left = {}, {}, n
-for i = 1, n do matched[i] = 0; alive[i] = true end
-local oldest = tonumber(ARGV[5])
-for k = 6, #KEYS do
-  local row = redis.call('HMGET', KEYS[k], unpack(ids))
-  for i = 1, n do
-    if alive[i] and ((not row[i]) or tonumber(row[i]) < oldest) then
-      alive[i] = false
-      left = left - 1
-    end
-  end
-  if left == 0 then break end
-  for i = 1, n do if alive[i] then matched[i] = matched[i] + 1 end end
-end
+local matched = match(6, ids, tonumber(ARGV[5]))
 local loads = redis.call('HMGET', KEYS[1], unpack(ids))
 local prompt, max_tokens = tonumber(ARGV[9]), tonumber(ARGV[10])
 local needed_all, bs = tonumber(ARGV[11]), tonumber(ARGV[12])
