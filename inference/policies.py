@@ -164,7 +164,7 @@ class Balanced:
     kv_weight = 2.0
     evict_weight = 1.0
     # The router makes this choice in Redis, atomically with its lease, from the live loads
-    # and prefix index (inference/router.py, `_DECIDE`: the same score, in Lua); `choose` is
+    # and prefix index (inference/routing_decision.py: the same score, in Lua); `choose` is
     # the same decision on a snapshot.
     decides_in_redis = True
 

@@ -3,7 +3,7 @@
 `Router.acquire` builds a snapshot and asks the model's policy (inference/policies.py, pure
 functions registered by name) to choose; `balanced` (the default) is chosen in Redis instead,
 by a Lua script that reads the live outstanding tokens and prefix index as it takes the lease
-(`_DECIDE`), so that API processes deciding at once agree. The live signals, all shared in
+(inference/routing_decision.py), so that API processes deciding at once agree. The live signals, all shared in
 Redis by every platform process:
 - outstanding tokens per replica: what the platform has sent and not yet seen done (prompt
   tokens not expected from the prefix cache, until the first token; output still allowed);
@@ -34,78 +34,23 @@ from common.ttl_cache import TtlCache
 from inference.circuit import HALF_OPEN, OPEN, CircuitBreaker
 from inference.db_connection import registry_cache
 from inference.hooks import engine_died
-from inference.outstanding_tokens import RECLAIM_LUA, OutstandingTokens  # noqa: F401 - re-exported
+from inference.outstanding_tokens import OutstandingTokens  # noqa: F401 - also re-exported
 from inference.policies import (  # noqa: F401 - re-exported: the router's public names
     DEFAULT_POLICY,
     POLICIES,
-    BLOCK_SIZE,
     Candidate,
     LeastOutstandingTokens,
     RouteRequest,
     RoutingPolicy,
 )
-from inference.prefix_index import MATCH_LUA, PrefixIndex
+from inference.prefix_index import PrefixIndex
 from inference.replica_signals import SignalPoller, SignalStore
+from inference.routing_decision import RedisDecision
 from inference.routing_stats import RoutingStats
 from models_registry.selectors import ReplicaInfo, ServingVersion, ready_replicas, serving_version
 from common import redis_keys
 
 logger = logging.getLogger(__name__)
-
-
-# The `balanced` decision made in Redis, atomically with its lease: the live load and prefix
-# index of every replica (every process's leases and records that landed before it, its own
-# earlier ones included: one connection, in order), the policy's score (policies.Balanced:
-# both must agree, tests/platform/test_router.py), then the lease, the prefix record and the
-# routed counter for the chosen replica. Two processes deciding at once no longer read each
-# other's state a round trip late: their decisions are ordered by Redis.
-# KEYS: 1-3 the outstanding tokens (OutstandingTokens.keys), 4 the routing counters, 5 the
-# counters' model set, 6.. the prompt's block keys (PrefixIndex.key), in order.
-# ARGV: 1 now (ms), 2 the lease's expiry (ms), 3 the lease, 4 the index's now (ms), 5 the
-# oldest index entry counted (ms), 6 the index's ttl (ms), 7 the model version, 8 the policy,
-# 9 prompt tokens, 10 max tokens, 11 blocks needed, 12 block size, 13 kv weight, 14 evict
-# weight, then per candidate, in the policy's tie order: replica, free KV blocks, free
-# uncached KV blocks (-1: unknown). Returns {replica, tokens held, prefix blocks it holds}.
-_DECIDE = RECLAIM_LUA + MATCH_LUA + """
-reclaim(tonumber(ARGV[1]))
-local ids, free, uncached = {}, {}, {}
-for b = 15, #ARGV, 3 do
-  ids[#ids + 1] = ARGV[b]
-  free[#ids] = tonumber(ARGV[b + 1])
-  uncached[#ids] = tonumber(ARGV[b + 2])
-end
-local n = #ids
-local matched = match(6, ids, tonumber(ARGV[5]))
-local loads = redis.call('HMGET', KEYS[1], unpack(ids))
-local prompt, max_tokens = tonumber(ARGV[9]), tonumber(ARGV[10])
-local needed_all, bs = tonumber(ARGV[11]), tonumber(ARGV[12])
-local kv_weight, evict_weight = tonumber(ARGV[13]), tonumber(ARGV[14])
-local best, best_score, best_miss = 0, 0, 0
-for i = 1, n do
-  local miss = prompt - math.max(0, math.min(matched[i] * bs, prompt - 1))
-  local score = (tonumber(loads[i]) or 0) + miss
-  if free[i] >= 0 then
-    local needed = needed_all - matched[i]
-    score = score + kv_weight * math.max(0, needed - free[i]) * bs
-    if uncached[i] >= 0 then
-      score = score + evict_weight * math.max(0, math.min(needed, free[i]) - uncached[i]) * bs
-    end
-  end
-  if best == 0 or score < best_score then best, best_score, best_miss = i, score, miss end
-end
-local replica, lease = ids[best], ARGV[3]
-local tokens = best_miss + max_tokens
-redis.call('HINCRBY', KEYS[1], replica, tokens)
-redis.call('HSET', KEYS[3], lease, replica .. ':' .. tokens)
-redis.call('ZADD', KEYS[2], tonumber(ARGV[2]), lease)
-for k = 6, #KEYS do
-  redis.call('HSET', KEYS[k], replica, ARGV[4])
-  redis.call('PEXPIRE', KEYS[k], ARGV[6])
-end
-redis.call('SADD', KEYS[5], ARGV[7])
-redis.call('HINCRBY', KEYS[4], 'routed|' .. replica .. '|' .. ARGV[8], 1)
-return {tonumber(replica), tokens, matched[best]}
-"""
 
 
 class NoReplicaReady(Exception):
@@ -185,10 +130,6 @@ class ReplicaDirectory:
     def __init__(self, clock: Callable[[], float], ttl_seconds: float):
         self._cache: TtlCache[int, list[ReplicaInfo]] = registry_cache(
             ready_replicas, clock, ttl_seconds)
-
-    def _scripts(self) -> tuple:
-        """The Lua scripts the snapshot and the lease queue (loaded again on NOSCRIPT)."""
-        return (*self._counter.scripts, *self.state.prefix_index.scripts)
 
     async def ready(self, model_version_id: int) -> list[ReplicaInfo]:
         return await self._cache.get(model_version_id)
@@ -291,7 +232,7 @@ class Router:
     every snapshot until the write lands, so requests arriving together do not all read the
     same loads and pile onto one replica. Across processes the shared state is Redis itself,
     one round trip stale at most; a policy that `decides_in_redis` (`balanced`) is not stale at
-    all: its choice is made by `_DECIDE` with the lease, in Redis's order of every process's
+    all: its choice is made in Redis with the lease (inference/routing_decision.py), in Redis's order of every process's
     decisions."""
 
     def __init__(self, directory: ReplicaDirectory, counter: OutstandingTokens, rng: random.Random,
@@ -305,7 +246,7 @@ class Router:
         self._policies: dict[Callable, RoutingPolicy] = {}  # by factory (POLICIES' values)
         self._epoch = 0
         self._deciding: list[int] = []  # the epoch each running decision started at
-        self._decide_script = None  # registered on first use (state.redis)
+        self._decision: RedisDecision | None = None
 
     async def num_ready(self, model_version_id: int) -> int:
         return len(await self._directory.ready(model_version_id))
@@ -376,13 +317,14 @@ class Router:
 
     def _scripts(self) -> tuple:
         """The Lua scripts the snapshot and the lease queue (loaded again on NOSCRIPT)."""
-        return (*self._counter.scripts, *self.state.prefix_index.scripts, self._decide)
+        return (*self._counter.scripts, *self.state.prefix_index.scripts)
 
     @property
-    def _decide(self):
-        if self._decide_script is None:
-            self._decide_script = self.state.redis.register_script(_DECIDE)
-        return self._decide_script
+    def _redis_decision(self) -> RedisDecision:
+        if self._decision is None:  # made on first use (a router of a test may have no state)
+            self._decision = RedisDecision(self.state.redis, self._counter,
+                                           self.state.prefix_index, self.state.stats)
+        return self._decision
 
     async def ready(self, model_version_id: int) -> list[ReplicaInfo]:
         return await self._directory.ready(model_version_id)
@@ -474,48 +416,18 @@ class Router:
 
     async def _decide_in_redis(self, model_version_id: int, policy, request: RouteRequest,
                                candidates: list[Candidate], clean: set[int]) -> Lease:
-        """The policy's choice made by `_DECIDE` in Redis, with the lease, the prefix record and
-        the routed counter, in one round trip (`candidates` in the policy's tie order; their
-        loads and prefix blocks are read there, live, not from the snapshot). No in-flight
-        entry is kept: this process's decisions queued before it run before it, on the one
-        connection, and those after it see it in Redis."""
-        lease_id = random_hex()
-        index = self.state.prefix_index
-        keys = [*self._counter.keys(model_version_id),
-                self.state.stats.key(model_version_id), self.state.stats.models_key(),
-                *[index.key(model_version_id, h) for h in request.block_hashes]]
-        now, expiry = self._counter.lease_times()
-        args = [now, expiry, lease_id, *index.script_args(), model_version_id, policy.name,
-                request.num_prompt_tokens, request.max_tokens, request.num_blocks_needed,
-                BLOCK_SIZE, policy.kv_weight, policy.evict_weight]
-        for c in candidates:
-            free, uncached = c.kv_free_blocks, c.kv_free_uncached_blocks
-            args += [c.replica.replica_id, -1 if free is None else free,
-                     -1 if free is None or uncached is None else uncached]
-        try:
-            raw, _ = await pipelines.execute(
-                self.state.redis,
-                lambda pipe: pipelines.queue_script(pipe, self._decide, keys, args),
-                self._scripts())
-        except BaseException:
-            # Whether the script ran is unknown (a cancellation while its reply was on its
-            # way, a Redis error): end the lease wherever it landed (queued after the script,
-            # on the same connection), else it expires.
-            await asyncio.shield(self._end_quietly(model_version_id, lease_id))
-            raise
-        replica_id, held, blocks = (int(v) for v in raw[0])
+        """The policy's choice made in Redis with its lease (inference/routing_decision.py;
+        `candidates` in the policy's tie order). No in-flight entry is kept: this process's
+        decisions queued before it run before it, on the one connection, and those after it
+        see it in Redis."""
+        replica_id, lease_id, held = await self._redis_decision.take(
+            model_version_id, policy, request, candidates)
         chosen = next(c.replica for c in candidates if c.replica.replica_id == replica_id)
         return Lease(
             replica=chosen, model_version_id=model_version_id, counter=self._counter,
             num_prompt_tokens=held - request.max_tokens, held_tokens=held, policy=policy.name,
             block_hashes=request.block_hashes,
             circuit_clean=replica_id in clean, lease_id=lease_id)
-
-    async def _end_quietly(self, model_version_id: int, lease_id: str) -> None:
-        try:
-            await self._counter.end_anywhere(model_version_id, lease_id)
-        except Exception:  # noqa: BLE001 - the lease expires instead
-            logger.warning("lease %s not ended; it expires", lease_id)
 
     def _prune(self) -> None:
         oldest = min(self._deciding, default=self._epoch)

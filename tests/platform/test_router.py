@@ -241,9 +241,9 @@ def test_a_router_makes_each_policy_once_and_follows_a_replaced_factory(monkeypa
 @pytestmark_db
 @pytest.mark.asyncio
 async def test_balanced_decided_in_redis_agrees_with_the_policy_on_live_state(model_version):
-    """`balanced` is decided in Redis with its lease (`_DECIDE`, Lua): on random loads,
-    prefixes and KV signals it picks what `Balanced.choose` picks on the same state, and holds
-    the prompt it misses there plus the output."""
+    """`balanced` is decided in Redis with its lease (inference/routing_decision.py, Lua): on
+    random loads, prefixes and KV signals it picks what `Balanced.choose` picks on the same
+    state, and holds the prompt it misses there plus the output."""
     from asgiref.sync import sync_to_async
 
     from inference.policies import Balanced
