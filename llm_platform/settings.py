@@ -293,14 +293,15 @@ TRITON_TOKEN_TIMEOUT_SECONDS = env_float("TRITON_TOKEN_TIMEOUT_SECONDS", 60.0)
 # (inference/triton_calls.py), each closed after TRITON_CALL_IDLE_SECONDS without a request.
 # 0: one call per request (the former way). On channels (TRITON_CHANNELS) the fewer the calls,
 # the more requests share a replica flush's response and a submission write: one call against
-# two, side by side against the fake replica, took API CPU per streamed token to 0.76x and per
-# short request to 0.73-0.92x; its TTFT gain at 32 streams is within the noise. Round
-# frontdoor25 kept two because `benchmarks.routing` with two API processes placed requests
-# unevenly in 3 of 10 one-call runs; the cause was the warm-up's placement across processes
-# (a process made up for part of the other's decisions, read a round trip late), which
-# `balanced` now decides in Redis (inference/router.py), and one call is the default again
-# (benchmarks/README.md, "frontdoor26"). 16 calls cost 26 % more CPU per streamed token than
-# one ("frontdoor9"). Without channels, 16 did better (~10 % less than one call per request).
+# two, side by side against the fake replica, took the API's CPU per streamed token to 0.76x,
+# over 32-stream bursts to 0.73-0.84x and per short request to 0.92x; its TTFT gain at 32
+# streams is within the noise. Round frontdoor25 kept two because `benchmarks.routing` with two
+# API processes placed requests unevenly in 3 of 10 one-call runs; the cause was the warm-up's
+# placement across processes (a process made up for part of the other's decisions, read a
+# round trip late), which `balanced` now decides in Redis (inference/routing_decision.py), and
+# one call is the default again (benchmarks/README.md, "frontdoor26"). 16 calls cost 26 % more
+# CPU per streamed token than one ("frontdoor9"). Without channels, 16 did better (~10 % less
+# than one call per request).
 TRITON_CALLS_PER_REPLICA = env_int("TRITON_CALLS_PER_REPLICA", 1)
 TRITON_CALL_IDLE_SECONDS = env_float("TRITON_CALL_IDLE_SECONDS", 1.0)
 # A shared call's requests get their tokens batched on a channel (one response per replica
